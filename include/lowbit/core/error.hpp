@@ -1,0 +1,130 @@
+// Exceptions and the macros that raise them with the caller's file:line.
+#pragma once
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define LOWBIT_HAS_CUDA_RUNTIME 1
+#else
+#define LOWBIT_HAS_CUDA_RUNTIME 0
+#endif
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define LOWBIT_HAS_NCCL 1
+#else
+#define LOWBIT_HAS_NCCL 0
+#endif
+
+namespace lowbit {
+
+/// Base of every exception lowbit throws; `what()` starts with "file:line: ".
+class error : public std::runtime_error {
+ public:
+  error(const char* file, int line, const std::string& message)
+      : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + message) {}
+};
+
+/// A CUDA runtime call failed; `code()` is the cudaError_t value as an int.
+class cuda_error : public error {
+ public:
+  cuda_error(const char* file, int line, int code, const std::string& message)
+      : error(file, line, message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// An NCCL call failed (or a communicator reported an asynchronous error).
+class nccl_error : public error {
+ public:
+  nccl_error(const char* file, int line, int code, const std::string& message)
+      : error(file, line, message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// A caller broke a precondition: null or misaligned pointer, count over the
+/// workspace, mismatched configuration. Thrown before any byte is sent.
+class invalid_argument : public error {
+ public:
+  using error::error;
+};
+
+/// An MPI call failed (host backend).
+class mpi_error : public error {
+ public:
+  mpi_error(const char* file, int line, int code, const std::string& message)
+      : error(file, line, message), code_(code) {}
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+}  // namespace lowbit
+
+#define LOWBIT_STRINGIFY_(x) #x
+#define LOWBIT_STRINGIFY(x) LOWBIT_STRINGIFY_(x)
+
+/// Throws lowbit::invalid_argument with `message` unless `cond` holds.
+#define LOWBIT_EXPECTS(cond, message)                                               \
+  do {                                                                              \
+    if (!(cond)) throw ::lowbit::invalid_argument(__FILE__, __LINE__, (message));   \
+  } while (0)
+
+/// Throws lowbit::error: an internal invariant failed (a lowbit bug, not misuse).
+#define LOWBIT_FAIL(message) throw ::lowbit::error(__FILE__, __LINE__, (message))
+
+#if LOWBIT_HAS_CUDA_RUNTIME
+/// Calls a CUDA runtime function and throws lowbit::cuda_error when it fails.
+#define LOWBIT_CUDA_TRY(call)                                                        \
+  do {                                                                               \
+    cudaError_t lowbit_status_ = (call);                                             \
+    if (lowbit_status_ != cudaSuccess) {                                             \
+      cudaGetLastError();                                                            \
+      throw ::lowbit::cuda_error(__FILE__, __LINE__, static_cast<int>(lowbit_status_), \
+                                 std::string(#call " failed: ") +                     \
+                                     cudaGetErrorName(lowbit_status_) + " " +        \
+                                     cudaGetErrorString(lowbit_status_));            \
+    }                                                                                \
+  } while (0)
+
+/// For destructors: reports a failed CUDA call on stderr instead of throwing.
+#define LOWBIT_CUDA_TRY_NO_THROW(call)                                                   \
+  do {                                                                                   \
+    cudaError_t lowbit_status_ = (call);                                                 \
+    if (lowbit_status_ != cudaSuccess)                                                   \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,          \
+                   cudaGetErrorString(lowbit_status_));                                  \
+  } while (0)
+
+/// Throws lowbit::cuda_error if a kernel launch on this thread failed.
+#define LOWBIT_CHECK_LAUNCH() LOWBIT_CUDA_TRY(cudaGetLastError())
+#endif
+
+#if LOWBIT_HAS_NCCL
+/// Calls an NCCL function and throws lowbit::nccl_error when it fails.
+#define LOWBIT_NCCL_TRY(call)                                                           \
+  do {                                                                                  \
+    ncclResult_t lowbit_status_ = (call);                                               \
+    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)              \
+      throw ::lowbit::nccl_error(__FILE__, __LINE__, static_cast<int>(lowbit_status_),   \
+                                 std::string(#call " failed: ") +                        \
+                                     ncclGetErrorString(lowbit_status_));               \
+  } while (0)
+
+/// For destructors: reports a failed NCCL call on stderr instead of throwing.
+#define LOWBIT_NCCL_TRY_NO_THROW(call)                                                \
+  do {                                                                                \
+    ncclResult_t lowbit_status_ = (call);                                             \
+    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)            \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,       \
+                   ncclGetErrorString(lowbit_status_));                               \
+  } while (0)
+#endif

@@ -1,0 +1,4 @@
+// All of lowbit: the host-safe part plus CUDA kernels and NCCL collectives.
+#pragma once
+
+#include "lowbit/lowbit.hpp"

@@ -1,0 +1,9 @@
+// Everything in lowbit that compiles with a plain C++ compiler: core types, the codec
+// and the host executor. CUDA kernels and NCCL collectives are in lowbit.cuh.
+#pragma once
+
+#include "lowbit/version.hpp"
+#include "lowbit/core/config.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/core/span.hpp"
