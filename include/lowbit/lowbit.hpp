@@ -7,3 +7,6 @@
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/core/span.hpp"
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/feedback/refs.hpp"
+#include "lowbit/host/codec_executor.hpp"

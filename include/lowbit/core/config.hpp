@@ -19,6 +19,18 @@
 #define LOWBIT_DEVICE_PASS 0
 #endif
 
+/// Asks the compiler to unroll the next loop fully (nvcc) or up to 32 times (GCC), so
+/// that constant-indexed arrays in the codec stay in registers.
+#if defined(__CUDA_ARCH__)
+#define LOWBIT_UNROLL _Pragma("unroll")
+#elif defined(__clang__)
+#define LOWBIT_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define LOWBIT_UNROLL _Pragma("GCC unroll 32")
+#else
+#define LOWBIT_UNROLL
+#endif
+
 #if defined(__has_include)
 #if __has_include(<cuda_fp16.h>) && __has_include(<cuda_bf16.h>)
 /// 1 when the CUDA half-precision types are available (they are in host code too).

@@ -119,7 +119,10 @@ LOWBIT_HD bool is_nonfinite(float x) { return (float_bits(x) & 0x7f800000u) == 0
 LOWBIT_HD float max_f(float a, float b) { return a < b ? b : a; }
 LOWBIT_HD float min_f(float a, float b) { return b < a ? b : a; }
 
-/// x * 2^e for |e| small enough that the result stays normal (exact).
+/// x clamped to [lo, hi]; nan goes to lo, so a float-to-int cast after it is defined.
+LOWBIT_HD float clamp_f(float x, float lo, float hi) { return x > lo ? (x < hi ? x : hi) : lo; }
+
+/// 2^e for e in [-126, 127].
 LOWBIT_HD float pow2(int e) { return bits_float(static_cast<std::uint32_t>(e + 127) << 23); }
 
 /// A quiet NaN with the canonical payload.

@@ -1,0 +1,109 @@
+// Symmetric absmax integer quantizer: one fp32 step per block, b-bit codes.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "lowbit/codec/block_stats.hpp"
+#include "lowbit/core/config.hpp"
+#include "lowbit/core/float_ops.hpp"
+
+namespace lowbit::quant {
+
+/// Where a symmetric grid puts its 2^b levels.
+namespace grid {
+/// All 2^b levels, midway between multiples of the step: (q + 1/2) * step for
+/// q in [-2^(b-1), 2^(b-1)), step = absmax / 2^(b-1). One more level than `zero`
+/// (at 2 bits the step halves); 1 bit is the scaled sign, +-absmax/2. Zero is not a
+/// level: nearest rounding sends an exact 0 to +step/2 (ties to even), stochastic
+/// rounding to +-step/2 with equal odds (unbiased).
+struct full {
+  static constexpr const char* name = "full";
+};
+/// 2^b - 1 levels q * step for |q| <= 2^(b-1) - 1, step = absmax / (2^(b-1) - 1):
+/// exact zeros survive (unused embedding rows stay 0), one code is left unused.
+/// Needs b >= 2; 1 bit always uses the full (sign) grid.
+struct zero {
+  static constexpr const char* name = "zero";
+};
+}  // namespace grid
+
+/// Symmetric absmax quantizer with `Bits`-bit codes over blocks of `Block` values.
+///
+/// Block 128 by default: a block's codes are then 16*b bytes, a whole number of
+/// 16-byte vectors for every b, and the fp32 step costs 1/(32*b) of the payload
+/// (6.25% at 4 bits); smaller blocks track outliers better but pay more metadata.
+/// The step is fp32, so every float exponent range is representable (an fp16 scale
+/// would zero blocks below ~6e-8 and overflow above 65504).
+template <int Bits, int Block = 128, class Grid = grid::full>
+struct absmax {
+  static_assert(Bits >= 1 && Bits <= 16,
+                "lowbit::quant::absmax: the code width Bits must be in 1..16");
+  static_assert(Block > 0 && Block % 32 == 0,
+                "lowbit::quant::absmax: the block size must be a positive multiple of 32");
+
+  static constexpr bool is_lowbit_quantizer = true;
+  static constexpr int bits = Bits;
+  static constexpr int block_size = Block;
+  static constexpr bool zero_grid = std::is_same_v<Grid, grid::zero> && Bits >= 2;
+  static constexpr const char* name = "absmax";
+
+  /// What travels in the frame for each block.
+  struct meta_type {
+    float step;  ///< grid step; nan when the block held inf or nan
+  };
+  /// What encoding needs, derived once per block from the meta.
+  struct params_type {
+    meta_type meta;
+    float inv_step;  ///< 1/step, or 0 when the block is all zeros or poisoned
+    bool divide;     ///< 1/step overflows (step is subnormal): divide instead
+  };
+
+  static constexpr int half_levels = 1 << (Bits - 1);
+  static constexpr int qmax = half_levels - 1;
+  static constexpr int qmin = zero_grid ? -(half_levels - 1) : -half_levels;
+
+  LOWBIT_HD static meta_type make_meta(const block_stats& s) {
+    if (s.poisoned()) return {detail::quiet_nan()};
+    const float amax = s.absmax();
+    if constexpr (zero_grid) {
+      return {detail::fdiv(amax, static_cast<float>(half_levels - 1))};
+    } else {
+      return {detail::fmul(amax, detail::pow2(-(Bits - 1)))};
+    }
+  }
+
+  LOWBIT_HD static params_type make_params(const meta_type& m) {
+    params_type p{m, 0.0f, false};
+    if (m.step > 0.0f) {  // false for 0 and nan
+      p.inv_step = detail::fdiv(1.0f, m.step);
+      p.divide = detail::is_nonfinite(p.inv_step);
+    }
+    return p;
+  }
+
+  /// The code of x; `noise` feeds stochastic rounding.
+  template <class Rounding>
+  LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
+    float t = p.divide ? detail::fdiv(x, p.meta.step) : detail::fmul(x, p.inv_step);
+    if constexpr (!zero_grid) t = detail::fsub(t, 0.5f);
+    float q = Rounding::apply(t, noise);
+    q = detail::clamp_f(q, static_cast<float>(qmin), static_cast<float>(qmax));
+    return static_cast<std::uint32_t>(static_cast<int>(q) + half_levels);
+  }
+
+  /// The value code stands for.
+  LOWBIT_HD static float dequantize(std::uint32_t code, const meta_type& m) {
+    const float q = static_cast<float>(static_cast<int>(code) - half_levels);
+    if constexpr (zero_grid) {
+      return detail::fmul(q, m.step);
+    } else {
+      return detail::fmul(detail::fadd(q, 0.5f), m.step);
+    }
+  }
+
+  /// Grid step of a block: the unit of the error bounds.
+  LOWBIT_HD static float step(const meta_type& m) { return m.step; }
+};
+
+}  // namespace lowbit::quant

@@ -1,0 +1,64 @@
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11):
+// a counter-based generator. The same (key, counter) gives the same 128 bits on the
+// host and on the device, with no state to carry between calls, which is what makes
+// stochastic rounding reproducible and independent of how work is split into threads.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/core/config.hpp"
+
+namespace lowbit {
+
+/// Four 32-bit words: a Philox counter or its output.
+struct philox_block {
+  std::uint32_t w[4];
+};
+
+namespace detail {
+
+LOWBIT_HD std::uint32_t mulhi32(std::uint32_t a, std::uint32_t b) {
+#if LOWBIT_DEVICE_PASS
+  return __umulhi(a, b);
+#else
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(a) * b) >> 32);
+#endif
+}
+
+}  // namespace detail
+
+/// Philox4x32 with `Rounds` rounds (10 is the published, BigCrush-clean default).
+template <int Rounds = 10>
+LOWBIT_HD philox_block philox4x32(philox_block ctr, std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
+  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+  LOWBIT_UNROLL
+  for (int r = 0; r < Rounds; ++r) {
+    const std::uint32_t hi0 = detail::mulhi32(m0, ctr.w[0]), lo0 = m0 * ctr.w[0];
+    const std::uint32_t hi1 = detail::mulhi32(m1, ctr.w[2]), lo1 = m1 * ctr.w[2];
+    ctr = philox_block{{hi1 ^ ctr.w[1] ^ k0, lo1, hi0 ^ ctr.w[3] ^ k1, lo0}};
+    k0 += w0;
+    k1 += w1;
+  }
+  return ctr;
+}
+
+/// What keys one stream of rounding noise: the run's seed, the training step, the
+/// encoding rank and the stage (stage 0 quantizes inputs, stage 1 the reduced shard).
+/// Element `i` of a tensor draws from counter (i / 8, stage, step, rank), so results do
+/// not depend on thread layout, chunking or the backend.
+struct rng_key {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t stage = 0;
+
+  /// 128 random bits shared by elements [8*j, 8*j + 8): 16 bits each.
+  LOWBIT_HD philox_block draw(std::uint64_t j) const {
+    const philox_block ctr{{static_cast<std::uint32_t>(j),
+                            static_cast<std::uint32_t>(j >> 32) ^ (stage << 24), step, rank}};
+    return philox4x32(ctr, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  }
+};
+
+}  // namespace lowbit
