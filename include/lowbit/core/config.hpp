@@ -23,6 +23,8 @@
 /// that constant-indexed arrays in the codec stay in registers.
 #if defined(__CUDA_ARCH__)
 #define LOWBIT_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)  // nvcc's host pass: its front end rejects the GCC spelling
+#define LOWBIT_UNROLL
 #elif defined(__clang__)
 #define LOWBIT_UNROLL _Pragma("clang loop unroll(full)")
 #elif defined(__GNUC__)

@@ -130,7 +130,7 @@ class op_graph {
         consumers_[j].push_back(i);
       }
     }
-    topo_sort_(index);
+    topo_sort_();
   }
 
   /// Number of ops.
@@ -169,7 +169,7 @@ class op_graph {
   }
 
  private:
-  void topo_sort_(const std::map<std::string, std::size_t, std::less<>>&) {
+  void topo_sort_() {
     const std::size_t n = ops_.size();
     std::vector<std::size_t> pending(n);
     for (std::size_t i = 0; i < n; ++i) pending[i] = producers_[i].size();

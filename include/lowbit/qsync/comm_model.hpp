@@ -1,0 +1,66 @@
+// The cost of one gradient all-reduce at a given bit-width: lowbit's wire format and
+// its two-stage all-reduce, reduced to bytes and seconds.
+#pragma once
+
+#include <cmath>
+
+#include "lowbit/core/error.hpp"
+#include "lowbit/qsync/device_profile.hpp"
+
+namespace lowbit::qsync {
+
+/// Elements per quantization block in lowbit's codec.
+inline constexpr double codec_block = 128.0;
+
+/// Bytes of one encoded frame of `count` elements at `bits` per element.
+///
+/// This mirrors the codec's frame layout: per block of 128 elements one fp32 scale
+/// (4 bytes) and 128*bits/8 = 16*bits bytes of packed codes, metadata first, each part
+/// padded to 16 bytes. bits = 32 is plain fp32 and bits = 16 plain bf16 (no frame, no
+/// scales), which is what the collective sends when it does not quantize.
+inline double wire_bytes(int bits, double count) {
+  LOWBIT_EXPECTS(bits >= 1 && (bits <= 16 || bits == 32),
+                 "communication bits must be 1..16 or 32, got " + std::to_string(bits));
+  if (count <= 0) return 0.0;
+  if (bits == 32) return 4.0 * count;
+  if (bits == 16) return 2.0 * count;
+  const auto align16 = [](double b) { return std::ceil(b / 16.0) * 16.0; };
+  const double blocks = std::ceil(count / codec_block);
+  return align16(4.0 * blocks) + align16(std::ceil(count * bits / 8.0));
+}
+
+/// Bytes one rank sends in an all-reduce of `count` elements over `ranks` ranks: each
+/// rank sends P-1 shard frames (all-to-all), then its reduced shard frame to P-1 peers
+/// (all-gather), about 2 (P-1)/P of one full frame.
+inline double all_reduce_bytes_per_rank(int bits, double count, int ranks) {
+  LOWBIT_EXPECTS(ranks >= 1, "an all-reduce needs at least one rank");
+  if (ranks == 1) return 0.0;
+  const double shard = std::ceil(count / ranks);
+  return 2.0 * (ranks - 1) * wire_bytes(bits, shard);
+}
+
+/// Milliseconds of codec kernels on `dev` for one all-reduce: encode the input, decode
+/// the P shard frames and re-encode the reduced shard, decode the gathered frames.
+/// Memory-bound, so it is bytes touched over bandwidth plus four launches; zero when
+/// bits = 32 (plain NCCL). bf16 costs the two casts around a plain all-reduce.
+inline double codec_ms(int bits, double count, int ranks, const device_profile& dev) {
+  if (bits == 32 || count <= 0 || ranks == 1) return 0.0;
+  if (bits == 16) return dev.casts.float_to_float.at(count) * 2.0;
+  const double frame = wire_bytes(bits, count);
+  // fp32 in + frame out; P shard frames in + fp32 shard sums + frame out; frame in + fp32 out.
+  const double touched = 4.0 * count + frame + frame + 4.0 * count / ranks + frame / ranks +
+                         frame + 4.0 * count;
+  return touched / dev.bytes_per_ms() + 4.0 * dev.casts.quantize.b_ms;
+}
+
+/// Milliseconds of one all-reduce: alpha + wire bytes / bandwidth + codec time, with
+/// alpha = 2 (P-1) ring-step latencies.
+inline double all_reduce_ms(int bits, double count, int ranks, const link_profile& link,
+                            const device_profile& dev) {
+  if (ranks == 1 || count <= 0) return 0.0;
+  const double alpha = 2.0 * (ranks - 1) * link.latency_ms;
+  const double wire = all_reduce_bytes_per_rank(bits, count, ranks) / (link.bandwidth_gbs * 1e6);
+  return alpha + wire + codec_ms(bits, count, ranks, dev);
+}
+
+}  // namespace lowbit::qsync
