@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <string>
 
 #include "lowbit/core/error.hpp"
 #include "lowbit/qsync/device_profile.hpp"
@@ -48,8 +49,8 @@ inline double codec_ms(int bits, double count, int ranks, const device_profile& 
   if (bits == 16) return dev.casts.float_to_float.at(count) * 2.0;
   const double frame = wire_bytes(bits, count);
   // fp32 in + frame out; P shard frames in + fp32 shard sums + frame out; frame in + fp32 out.
-  const double touched = 4.0 * count + frame + frame + 4.0 * count / ranks + frame / ranks +
-                         frame + 4.0 * count;
+  const double touched =
+      4.0 * count + frame + frame + 4.0 * count / ranks + frame / ranks + frame + 4.0 * count;
   return touched / dev.bytes_per_ms() + 4.0 * dev.casts.quantize.b_ms;
 }
 

@@ -84,9 +84,7 @@ struct device_profile {
     return peak_tflops[index_of(p)] * compute_efficiency * 1e9;
   }
   /// Memory bandwidth in bytes/ms as the roofline uses it.
-  double bytes_per_ms() const noexcept {
-    return memory_bandwidth_gbs * bandwidth_efficiency * 1e6;
-  }
+  double bytes_per_ms() const noexcept { return memory_bandwidth_gbs * bandwidth_efficiency * 1e6; }
   /// Usable memory in bytes.
   double usable_bytes() const noexcept {
     return (memory_gib - reserved_gib) * 1024.0 * 1024.0 * 1024.0;
@@ -95,8 +93,8 @@ struct device_profile {
 
 namespace detail {
 inline device_profile make_device(std::string name, double fp32, double tf32, double fp16,
-                                  double bf16, double int8, double fp8, double bw,
-                                  double gib, std::vector<precision> menu) {
+                                  double bf16, double int8, double fp8, double bw, double gib,
+                                  std::vector<precision> menu) {
   device_profile d;
   d.name = std::move(name);
   d.peak_tflops[index_of(precision::fp32)] = fp32;
@@ -156,8 +154,8 @@ inline device_profile builtin_device(std::string_view name) {
   if (name == "A100") return a100();
   if (name == "H100") return h100();
   if (name == "H200") return h200();
-  LOWBIT_EXPECTS(false, "unknown device '" + std::string(name) +
-                            "' (built-ins: T4, V100, A100, H100, H200)");
+  LOWBIT_EXPECTS(
+      false, "unknown device '" + std::string(name) + "' (built-ins: T4, V100, A100, H100, H200)");
   return {};
 }
 
@@ -170,8 +168,8 @@ struct link_profile {
 
 /// Names accepted by builtin_link.
 inline std::vector<std::string> builtin_link_names() {
-  return {"pcie3", "pcie4", "pcie5", "nvlink2", "nvlink3", "nvlink4",
-          "ethernet-25g", "ethernet-100g", "ib-hdr", "ib-ndr"};
+  return {"pcie3",   "pcie4",        "pcie5",         "nvlink2", "nvlink3",
+          "nvlink4", "ethernet-25g", "ethernet-100g", "ib-hdr",  "ib-ndr"};
 }
 
 /// A built-in link class by name. Bandwidths are per direction: PCIe x16 3.0/4.0/5.0

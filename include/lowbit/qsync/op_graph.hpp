@@ -81,11 +81,11 @@ struct tensor_stats {
 struct op {
   std::string name;
   op_kind kind = op_kind::other;
-  double flops = 0.0;         ///< forward FLOPs
-  double bytes = 0.0;         ///< forward memory traffic at fp32, bytes
-  double output_numel = 0.0;  ///< elements of the output (what a cast converts)
-  double saved_numel = 0.0;   ///< elements kept for backward (stored at the op's precision)
-  double param_numel = 0.0;   ///< parameters (kept in fp32 with fp32 gradients)
+  double flops = 0.0;               ///< forward FLOPs
+  double bytes = 0.0;               ///< forward memory traffic at fp32, bytes
+  double output_numel = 0.0;        ///< elements of the output (what a cast converts)
+  double saved_numel = 0.0;         ///< elements kept for backward (stored at the op's precision)
+  double param_numel = 0.0;         ///< parameters (kept in fp32 with fp32 gradients)
   std::vector<std::string> inputs;  ///< names of the producing ops
   std::vector<precision> allowed;   ///< empty: whatever the device offers
   tensor_stats stats;
@@ -110,8 +110,7 @@ class op_graph {
       LOWBIT_EXPECTS(!ops_[i].name.empty(), "op #" + std::to_string(i) + " has no name");
       auto [it, fresh] = index.emplace(ops_[i].name, i);
       LOWBIT_EXPECTS(fresh, "duplicate op name '" + ops_[i].name + "' (ops #" +
-                                std::to_string(it->second) + " and #" + std::to_string(i) +
-                                ")");
+                                std::to_string(it->second) + " and #" + std::to_string(i) + ")");
       LOWBIT_EXPECTS(ops_[i].flops >= 0 && ops_[i].bytes >= 0 && ops_[i].output_numel >= 0 &&
                          ops_[i].saved_numel >= 0 && ops_[i].param_numel >= 0,
                      "op '" + ops_[i].name + "' has a negative size or cost");

@@ -1,0 +1,45 @@
+// What is trained (a model: op graph plus training options) and where (a cluster:
+// groups of identical devices joined by one link class).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lowbit/qsync/cost_model.hpp"
+#include "lowbit/qsync/device_profile.hpp"
+#include "lowbit/qsync/op_graph.hpp"
+
+namespace lowbit::qsync {
+
+/// A model to plan for: its iteration's ops and how DDP trains it.
+struct training_model {
+  std::string name;
+  op_graph graph;
+  double optimizer_bytes_per_param = 8.0;  ///< Adam's two fp32 moments; 4 for momentum SGD
+  double bucket_cap_mb = 25.0;             ///< DDP bucket_cap_mb
+  double first_bucket_mb = 1.0;            ///< DDP's smaller first bucket
+};
+
+/// Identical devices that run the same plan, with their measured op times.
+struct device_group {
+  device_profile device;
+  int count = 1;
+  measured_table measured;
+};
+
+/// Every device of a synchronous data-parallel job. All ranks join one all-reduce
+/// whose speed is set by `link`, the slowest link class any rank crosses.
+struct cluster {
+  std::string name;
+  std::vector<device_group> groups;
+  link_profile link;
+
+  /// Total ranks.
+  int world_size() const noexcept {
+    int n = 0;
+    for (const auto& g : groups) n += g.count;
+    return n;
+  }
+};
+
+}  // namespace lowbit::qsync

@@ -1,0 +1,212 @@
+// Turns a plan into per-device kernel sequences (with casts where neighbouring
+// precisions differ), replays them synchronously and sums memory: the predictor.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lowbit/core/error.hpp"
+#include "lowbit/qsync/cluster.hpp"
+#include "lowbit/qsync/comm_model.hpp"
+#include "lowbit/qsync/cost_model.hpp"
+#include "lowbit/qsync/op_graph.hpp"
+#include "lowbit/qsync/plan.hpp"
+#include "lowbit/qsync/replayer.hpp"
+
+namespace lowbit::qsync {
+
+/// One device group's side of an evaluation.
+struct group_result {
+  std::vector<precision> precisions;  ///< per op, followers resolved
+  device_trace trace;
+  device_timing timing;
+  memory_breakdown memory;
+  std::vector<double> comm_ms;  ///< per bucket
+  bool fits = true;             ///< memory within the device's usable capacity
+};
+
+/// What a plan costs: the synchronous iteration time and each group's memory.
+struct evaluation {
+  std::vector<group_result> groups;
+  sync_times times;
+  /// True when every group's memory fits.
+  bool fits_memory() const noexcept {
+    for (const auto& g : groups)
+      if (!g.fits) return false;
+    return true;
+  }
+  /// The synchronous iteration time, ms.
+  double iteration_ms() const noexcept { return times.iteration_ms; }
+};
+
+/// The predictor for one model on one cluster.
+class simulator {
+ public:
+  /// Builds cost models, buckets and each op's precision menu per group; throws
+  /// invalid_argument when an op has no precision a device offers.
+  simulator(training_model model, cluster hw) : model_(std::move(model)), hw_(std::move(hw)) {
+    LOWBIT_EXPECTS(!hw_.groups.empty(), "cluster '" + hw_.name + "' has no devices");
+    for (const auto& g : hw_.groups)
+      LOWBIT_EXPECTS(g.count >= 1, "device group '" + g.device.name + "' has count < 1");
+    LOWBIT_EXPECTS(hw_.link.bandwidth_gbs > 0, "link '" + hw_.link.name + "' has no bandwidth");
+    buckets_ = make_buckets(model_.graph, model_.bucket_cap_mb, model_.first_bucket_mb);
+    for (const auto& g : hw_.groups) {
+      costs_.emplace_back(g.device, g.measured);
+      std::vector<std::vector<precision>> menus;
+      for (const op& o : model_.graph.ops()) menus.push_back(allowed_precisions(o, g.device));
+      menus_.push_back(std::move(menus));
+    }
+  }
+
+  /// The model.
+  const training_model& model() const noexcept { return model_; }
+  /// The op graph.
+  const op_graph& graph() const noexcept { return model_.graph; }
+  /// The cluster.
+  const cluster& hardware() const noexcept { return hw_; }
+  /// DDP gradient buckets, in the order they become ready.
+  const std::vector<grad_bucket>& buckets() const noexcept { return buckets_; }
+  /// Number of device groups.
+  std::size_t group_count() const noexcept { return hw_.groups.size(); }
+  /// Group g's cost model.
+  const cost_model& costs(std::size_t g) const { return costs_.at(g); }
+  /// Precisions op i may take on group g, ascending.
+  const std::vector<precision>& menu(std::size_t g, std::size_t i) const {
+    return menus_.at(g).at(i);
+  }
+
+  /// Fills in the parameter-free ops of `per_op`: each takes its first input's precision
+  /// (fp32 for graph inputs), moved to the nearest one its menu allows. Throws when a
+  /// parameter op's precision is not in its menu, naming op and device.
+  std::vector<precision> resolve(std::size_t g, std::vector<precision> per_op) const {
+    const op_graph& gr = model_.graph;
+    LOWBIT_EXPECTS(
+        per_op.size() == gr.size(),
+        "plan for device group '" + hw_.groups.at(g).device.name + "' needs one precision per op");
+    for (std::size_t i : gr.topo_order()) {
+      const op& o = gr.at(i);
+      const auto& m = menu(g, i);
+      if (o.has_params()) {
+        LOWBIT_EXPECTS(std::find(m.begin(), m.end(), per_op[i]) != m.end(),
+                       std::string("op '") + o.name + "' cannot run at " + to_string(per_op[i]) +
+                           " on " + hw_.groups[g].device.name);
+      } else {
+        const auto& in = gr.producers(i);
+        per_op[i] = nearest_allowed(m, in.empty() ? precision::fp32 : per_op[in.front()]);
+      }
+    }
+    return per_op;
+  }
+
+  /// Group g's kernels for resolved precisions `p`. Forward in topological order:
+  /// a cast per input edge whose producer runs at another precision, a cast of the
+  /// fp32 master weights for low-precision ops with parameters, the op. Backward in
+  /// reverse: a cast per consumer edge whose gradient arrives at another precision,
+  /// the op's backward, and the cast of its weight gradient back to fp32, after which
+  /// the gradient is ready for its bucket. Then the optimizer step as the tail.
+  device_trace trace(std::size_t g, const std::vector<precision>& p) const {
+    const op_graph& gr = model_.graph;
+    const cost_model& cm = costs_.at(g);
+    const double launch = cm.device().launch_ms;
+    device_trace t;
+    auto push = [&](double gpu, kernel_kind kind, std::size_t i) {
+      t.kernels.push_back({launch, gpu, kind, i});
+    };
+    auto cast = [&](precision from, precision to, double numel, std::size_t i) {
+      if (from != to && numel > 0 && cm.cast_ms(from, to, numel) > 0)
+        push(cm.cast_ms(from, to, numel), kernel_kind::cast, i);
+    };
+    for (std::size_t i : gr.topo_order()) {
+      const op& o = gr.at(i);
+      if (gr.producers(i).empty()) cast(precision::fp32, p[i], o.stats.input_numel, i);
+      for (std::size_t j : gr.producers(i)) cast(p[j], p[i], gr.at(j).output_numel, i);
+      if (o.has_params()) cast(precision::fp32, p[i], o.param_numel, i);
+      push(cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
+    }
+    std::vector<std::size_t> grad_ready(gr.size(), no_index);
+    const auto& order = gr.topo_order();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      const std::size_t i = *it;
+      const op& o = gr.at(i);
+      for (std::size_t c : gr.consumers(i)) cast(p[c], p[i], o.output_numel, i);
+      push(cm.time(o, p[i]).backward_ms, kernel_kind::backward, i);
+      if (o.has_params()) cast(p[i], precision::fp32, o.param_numel, i);
+      grad_ready[i] = t.kernels.size() - 1;
+    }
+    for (const auto& b : buckets_) {
+      std::size_t last = 0;
+      for (std::size_t i : b.ops) last = std::max(last, grad_ready[i]);
+      t.bucket_ready.push_back(last);
+    }
+    t.tail_ms = cm.optimizer_ms(gr.total_params(), model_.optimizer_bytes_per_param);
+    return t;
+  }
+
+  /// Group g's time for bucket k's all-reduce at `bits`.
+  double bucket_ms(std::size_t g, std::size_t k, int bits) const {
+    return all_reduce_ms(bits, buckets_.at(k).numel, hw_.world_size(), hw_.link,
+                         costs_.at(g).device());
+  }
+
+  /// Everything about group g under its part of a plan (the allocator re-runs only the
+  /// group it changed).
+  group_result run_group(std::size_t g, const std::vector<precision>& per_op,
+                         const std::vector<int>& bits) const {
+    LOWBIT_EXPECTS(bits.size() == buckets_.size(),
+                   "plan needs one bit-width per bucket (" + std::to_string(buckets_.size()) + ")");
+    group_result r;
+    r.precisions = resolve(g, per_op);
+    r.trace = trace(g, r.precisions);
+    r.timing = timing_of(r.trace, replay_streams(r.trace.kernels));
+    r.memory = memory_bytes(model_.graph, r.precisions, model_.optimizer_bytes_per_param);
+    r.fits = r.memory.total() <= costs_[g].device().usable_bytes();
+    for (std::size_t k = 0; k < buckets_.size(); ++k) r.comm_ms.push_back(bucket_ms(g, k, bits[k]));
+    return r;
+  }
+
+  /// Synchronous replay of already-run groups.
+  static sync_times combine(const std::vector<group_result>& groups) {
+    std::vector<device_timing> timings;
+    std::vector<std::vector<double>> comm;
+    for (const auto& r : groups) {
+      timings.push_back(r.timing);
+      comm.push_back(r.comm_ms);
+    }
+    return replay_sync(timings, comm);
+  }
+
+  /// Predicts a whole plan.
+  evaluation evaluate(const plan& pl) const {
+    LOWBIT_EXPECTS(pl.precisions.size() == group_count(),
+                   "plan needs one precision list per device group");
+    evaluation e;
+    for (std::size_t g = 0; g < group_count(); ++g)
+      e.groups.push_back(run_group(g, pl.precisions[g], pl.bucket_bits));
+    e.times = combine(e.groups);
+    return e;
+  }
+
+  /// Every op at the allowed precision nearest `p` on every group, every bucket at `bits`.
+  plan uniform(precision p, int bits = 32) const {
+    plan pl;
+    for (std::size_t g = 0; g < group_count(); ++g) {
+      std::vector<precision> v(graph().size());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = nearest_allowed(menu(g, i), p);
+      pl.precisions.push_back(resolve(g, std::move(v)));
+    }
+    pl.bucket_bits.assign(buckets_.size(), bits);
+    return pl;
+  }
+
+ private:
+  training_model model_;
+  cluster hw_;
+  std::vector<grad_bucket> buckets_;
+  std::vector<cost_model> costs_;
+  std::vector<std::vector<std::vector<precision>>> menus_;
+};
+
+}  // namespace lowbit::qsync

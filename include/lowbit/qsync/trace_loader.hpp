@@ -1,0 +1,148 @@
+// Reads measured per-op GPU times from a PyTorch-profiler Chrome trace.
+#pragma once
+
+#include <cstddef>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/core/error.hpp"
+#include "lowbit/qsync/cost_model.hpp"
+#include "lowbit/qsync/op_graph.hpp"
+#include "lowbit/qsync/precision.hpp"
+
+namespace lowbit::qsync {
+
+/// Suffix of the range that times an op's backward: an op `N` is timed by ranges named
+/// `N` (forward) and `N.backward`, e.g. `torch.profiler.record_function(N)` around the
+/// module call and around its backward hook.
+inline constexpr const char* backward_suffix = ".backward";
+
+/// Per-range GPU times found in a trace, averaged over occurrences (iterations), ms.
+struct trace_ranges {
+  std::map<std::string, double> gpu_ms;
+  std::map<std::string, int> occurrences;
+};
+
+/// Reads the GPU time of every user range of a Chrome trace (`{"traceEvents": [...]}`
+/// or a bare event array). A range's time is the sum of its `gpu_user_annotation`
+/// events when the trace has them; otherwise the sum of the kernels (`cat` "kernel")
+/// whose launching runtime call (`cat` "cuda_runtime" or "cuda_driver", matched by
+/// `args.correlation`) lies inside a `user_annotation` range on the same thread.
+/// Microseconds become milliseconds; several occurrences of a name are averaged.
+inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
+  const nlohmann::json* events = &trace;
+  if (trace.is_object()) {
+    LOWBIT_EXPECTS(trace.contains("traceEvents"), "malformed trace: no \"traceEvents\" array");
+    events = &trace["traceEvents"];
+  }
+  LOWBIT_EXPECTS(events->is_array(), "malformed trace: \"traceEvents\" is not an array");
+  struct range {
+    std::string name;
+    double ts, dur;
+    std::string thread;
+  };
+  std::vector<range> cpu_ranges;
+  std::map<std::string, std::vector<double>> gpu_ranges;
+  std::map<long long, std::tuple<double, std::string>> launches;  // correlation -> ts, thread
+  std::map<long long, double> kernels;                            // correlation -> dur
+  for (std::size_t n = 0; n < events->size(); ++n) {
+    const auto& e = (*events)[n];
+    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    try {
+      const std::string cat = e.value("cat", "");
+      const std::string thread =
+          e.contains("pid") ? e["pid"].dump() + "/" + e.value("tid", nlohmann::json()).dump() : "";
+      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+      const auto correlation = [&]() -> long long {
+        if (!e.contains("args") || !e["args"].contains("correlation")) return -1;
+        return e["args"]["correlation"].get<long long>();
+      };
+      if (cat == "gpu_user_annotation") {
+        gpu_ranges[e.at("name").get<std::string>()].push_back(dur);
+      } else if (cat == "user_annotation") {
+        cpu_ranges.push_back({e.at("name").get<std::string>(), ts, dur, thread});
+      } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
+        if (long long c = correlation(); c >= 0) launches[c] = {ts, thread};
+      } else if (cat == "kernel") {
+        if (long long c = correlation(); c >= 0) kernels[c] += dur;
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      LOWBIT_EXPECTS(false, "malformed trace event #" + std::to_string(n) + ": " + ex.what());
+    }
+  }
+  trace_ranges out;
+  if (!gpu_ranges.empty()) {
+    for (const auto& [name, durs] : gpu_ranges) {
+      double s = 0;
+      for (double d : durs) s += d;
+      out.gpu_ms[name] = s / 1000.0 / static_cast<double>(durs.size());
+      out.occurrences[name] = static_cast<int>(durs.size());
+    }
+    return out;
+  }
+  std::map<std::string, double> sum;
+  for (const auto& r : cpu_ranges) {
+    double s = 0;
+    for (const auto& [c, launch] : launches) {
+      const auto& [ts, thread] = launch;
+      if (thread == r.thread && ts >= r.ts && ts <= r.ts + r.dur) {
+        auto k = kernels.find(c);
+        if (k != kernels.end()) s += k->second;
+      }
+    }
+    sum[r.name] += s;
+    ++out.occurrences[r.name];
+  }
+  for (const auto& [name, s] : sum) out.gpu_ms[name] = s / 1000.0 / out.occurrences[name];
+  return out;
+}
+
+/// Measured op times at `p` (the precision the profiled run used) from a trace's
+/// ranges: forward from `N`, backward from `N.backward`. A missing half is stored as
+/// -1 so the cost model fills it from the roofline. Ranges that are not ops of `graph`
+/// (profiler steps, optimizer) are skipped and listed in `*skipped` when given.
+inline measured_table measured_from_trace(const nlohmann::json& trace, precision p,
+                                          const op_graph& graph,
+                                          std::vector<std::string>* skipped = nullptr,
+                                          measured_table table = {}) {
+  const trace_ranges r = read_trace_ranges(trace);
+  std::map<std::string, op_time> found;
+  const std::string suffix = backward_suffix;
+  for (const auto& [name, ms] : r.gpu_ms) {
+    const bool bwd = name.size() > suffix.size() &&
+                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const std::string base = bwd ? name.substr(0, name.size() - suffix.size()) : name;
+    if (!graph.find(base)) {
+      if (skipped) skipped->push_back(name);
+      continue;
+    }
+    auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
+    (bwd ? it->second.backward_ms : it->second.forward_ms) = ms;
+  }
+  for (const auto& [name, t] : found) table.set(name, p, t);
+  return table;
+}
+
+/// Parses a JSON file; throws invalid_argument naming the file (and the byte where the
+/// JSON breaks) when it cannot be read or parsed.
+inline nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  LOWBIT_EXPECTS(in.good(), "cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    LOWBIT_EXPECTS(false, "malformed JSON in '" + path + "' at byte " + std::to_string(e.byte) +
+                              ": " + e.what());
+  }
+  return {};
+}
+
+}  // namespace lowbit::qsync
