@@ -12,11 +12,14 @@ namespace lowbit::quant {
 
 /// Where a symmetric grid puts its 2^b levels.
 namespace grid {
-/// All 2^b levels, midway between multiples of the step: (q + 1/2) * step for
-/// q in [-2^(b-1), 2^(b-1)), step = absmax / 2^(b-1). One more level than `zero`
-/// (at 2 bits the step halves); 1 bit is the scaled sign, +-absmax/2. Zero is not a
-/// level: nearest rounding sends an exact 0 to +step/2 (ties to even), stochastic
-/// rounding to +-step/2 with equal odds (unbiased).
+/// All 2^b levels, (q + 1/2) * step for q in [-2^(b-1), 2^(b-1)), with
+/// step = absmax / (2^(b-1) - 1/2) so that the outermost levels are exactly +-absmax:
+/// every input lies inside the grid, which keeps stochastic rounding unbiased up to the
+/// block's extreme values (a grid whose end levels fall short of absmax must clamp
+/// there, and bias). One more level than `zero` (at 2 bits the step shrinks by a
+/// third); 1 bit is the scaled sign, +-absmax. Zero is not a level: nearest rounding
+/// sends an exact 0 to +step/2 (ties to even), stochastic rounding to +-step/2 with
+/// equal odds.
 struct full {
   static constexpr const char* name = "full";
 };
@@ -34,7 +37,9 @@ struct zero {
 /// 16-byte vectors for every b, and the fp32 step costs 1/(32*b) of the payload
 /// (6.25% at 4 bits); smaller blocks track outliers better but pay more metadata.
 /// The step is fp32, so every float exponent range is representable (an fp16 scale
-/// would zero blocks below ~6e-8 and overflow above 65504).
+/// would zero blocks below ~6e-8 and overflow above 65504). Only blocks whose absmax is
+/// itself near the subnormal range (below 2^(b-127)) lose relative precision, because
+/// their step is subnormal: their absolute error stays below 2^(b-150).
 template <int Bits, int Block = 128, class Grid = grid::full>
 struct absmax {
   static_assert(Bits >= 1 && Bits <= 16,
@@ -69,7 +74,7 @@ struct absmax {
     if constexpr (zero_grid) {
       return {detail::fdiv(amax, static_cast<float>(half_levels - 1))};
     } else {
-      return {detail::fmul(amax, detail::pow2(-(Bits - 1)))};
+      return {detail::fdiv(amax, static_cast<float>(half_levels) - 0.5f)};
     }
   }
 

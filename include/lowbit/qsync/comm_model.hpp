@@ -15,10 +15,13 @@ inline constexpr double codec_block = 128.0;
 
 /// Bytes of one encoded frame of `count` elements at `bits` per element.
 ///
-/// This mirrors the codec's frame layout: per block of 128 elements one fp32 scale
-/// (4 bytes) and 128*bits/8 = 16*bits bytes of packed codes, metadata first, each part
-/// padded to 16 bytes. bits = 32 is plain fp32 and bits = 16 plain bf16 (no frame, no
-/// scales), which is what the collective sends when it does not quantize.
+/// This mirrors the codec's frame layout (lowbit/codec/codec.hpp, frame_bytes with an
+/// fp32-scale quantizer and 128-element blocks): the blocks' 4-byte scales padded to 16
+/// bytes, then 128 * bits / 8 = 16 * bits bytes of packed codes per block (the last
+/// block padded to a full one), the whole frame padded to 16 bytes. bits = 32 is plain
+/// fp32 and bits = 16 plain bf16 (no frame, no scales), which is what the collective
+/// sends when it does not quantize. qsync depends on core only, so the formula is
+/// repeated here rather than included; keep the two in step.
 inline double wire_bytes(int bits, double count) {
   LOWBIT_EXPECTS(bits >= 1 && (bits <= 16 || bits == 32),
                  "communication bits must be 1..16 or 32, got " + std::to_string(bits));
@@ -27,7 +30,7 @@ inline double wire_bytes(int bits, double count) {
   if (bits == 16) return 2.0 * count;
   const auto align16 = [](double b) { return std::ceil(b / 16.0) * 16.0; };
   const double blocks = std::ceil(count / codec_block);
-  return align16(4.0 * blocks) + align16(std::ceil(count * bits / 8.0));
+  return align16(align16(4.0 * blocks) + blocks * 16.0 * bits);
 }
 
 /// Bytes one rank sends in an all-reduce of `count` elements over `ranks` ranks: each

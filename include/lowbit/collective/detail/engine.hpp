@@ -1,0 +1,357 @@
+// The schedule logic of the three collectives, written once against a backend
+// (detail::backend_impl<Backend>: the MPI host backend or the NCCL device backend).
+//
+// all_reduce, per chunk k (piece k of every rank's shard; one chunk for schedule::flat):
+//   1 compute  encode piece k of every shard (stage 0): own piece into its receive slot
+//   2 comm     all-to-all of the frames
+//   3 compute  decode + sum my piece's P frames in fp32, re-encode the sum (stage 1)
+//              straight into my slot of the gather buffer
+//   4 comm     in-place all-gather of the reduced frames
+//   5 compute  decode every reduced frame (the owner's too) into the output
+// Each phase is issued for all chunks before the next, on two lanes (streams on NCCL)
+// linked by one event per chunk and phase, so chunk k+1's encoding overlaps chunk k's
+// transfer. Every read of the input happens in phase 1, before any write of the output
+// (phase 3 or 5) on the same lane: in-place and overlapping calls are safe.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/codec/philox.hpp"
+#include "lowbit/collective/types.hpp"
+#include "lowbit/core/config.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/feedback/state.hpp"
+#include "lowbit/schedule/schedule.hpp"
+
+namespace lowbit::detail {
+
+/// The primary template is a readable error; backends specialise it.
+template <class Backend>
+struct backend_impl {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no implementation for this backend: include lowbit/collective/nccl.cuh "
+                "for lowbit::backend::nccl or lowbit/collective/mpi.hpp for lowbit::backend::mpi");
+};
+
+/// Where a backend runs a step: the caller's stream, or the transfer stream.
+enum class lane { compute = 0, comm = 1 };
+
+/// Event slots an engine uses: one per chunk and phase.
+enum class phase { encoded = 0, exchanged = 1, reduced = 2, gathered = 3 };
+constexpr int num_phases = 4;
+
+template <class... Codecs>
+struct codec_list {};
+
+/// Upper bounds, over every count <= max_count, of the workspace a call needs. A frame
+/// of n values is at most nb*(meta + codes) + 30 bytes (two 16-byte alignments); the
+/// pieces of all shards hold each block once; a rank's shard has at most
+/// ceil(nblocks/P) blocks and its pieces at most K more than that in total.
+template <class Codec>
+struct capacity {
+  std::size_t send = 0, recv = 0, gather = 0, shard = 0;
+  capacity(std::size_t max_count, int ranks, int chunks) {
+    const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
+    const std::size_t nblocks = Codec::num_blocks(max_count);
+    const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
+    const std::size_t shard_blocks = (nblocks + P - 1) / P;
+    send = nblocks * block_bytes + 32 * K * P;
+    recv = P * ((shard_blocks + K) * block_bytes + 32 * K);
+    gather = recv;
+    shard = std::min(max_count, shard_blocks * static_cast<std::size_t>(Codec::block_size));
+  }
+};
+
+/// Plans, workspace and feedback state of one collective object, and the three
+/// schedules. `Codecs` lists every codec a call may use (one for a fixed width, the
+/// whole set for a run-time width); the workspace fits the largest.
+template <class Backend, class T, class Feedback, class Schedule, class... Codecs>
+class engine {
+  using impl = backend_impl<Backend>;
+  template <class U>
+  using buffer = typename impl::template buffer<U>;
+
+ public:
+  using comm_type = typename impl::comm_type;
+  using stream_type = typename impl::stream_type;
+
+  engine(const comm_type& comm, std::size_t max_count, const collective_options& opts,
+         const char* who)
+      : be_(checked(comm, who), Schedule::max_chunks * num_phases + 1),
+        max_count_(max_count),
+        opts_(opts),
+        step_(opts.first_step),
+        P_(comm.size()),
+        rank_(comm.rank()) {
+    std::size_t send = 0, recv = 0, gather = 0, shard = 0;
+    (
+        [&] {
+          const capacity<Codecs> c(max_count, P_, Schedule::max_chunks);
+          send = std::max(send, c.send);
+          recv = std::max(recv, c.recv);
+          gather = std::max(gather, c.gather);
+          shard = std::max(shard, c.shard);
+        }(),
+        ...);
+    impl::check_sizes(send, recv, gather);
+    send_ = buffer<std::byte>(send);
+    recv_ = buffer<std::byte>(recv);
+    gather_ = buffer<std::byte>(gather);
+    acc_ = buffer<float>(shard);
+    if constexpr (Feedback::replicated) tmp_ = buffer<float>(max_count);
+    state_ = feedback::state<Feedback, buffer>(max_count, shard);
+    const std::size_t slots = static_cast<std::size_t>(Schedule::max_chunks) * P_;
+    send_bytes_.assign(slots, 0);
+    send_off_.assign(slots, 0);
+    recv_off_.assign(slots, 0);
+    recv_bytes_.assign(slots, 0);
+    gather_off_.assign(Schedule::max_chunks, 0);
+    gather_slot_.assign(Schedule::max_chunks, 0);
+    recv_base_.assign(Schedule::max_chunks, 0);
+    recv_stride_.assign(Schedule::max_chunks, 0);
+  }
+
+  std::size_t max_count() const noexcept { return max_count_; }
+  int size() const noexcept { return P_; }
+  int rank() const noexcept { return rank_; }
+  std::uint32_t step() const noexcept { return step_; }
+  void set_step(std::uint32_t s) noexcept { step_ = s; }
+  const collective_options& options() const noexcept { return opts_; }
+  feedback::state<Feedback, buffer>& feedback_state() noexcept { return state_; }
+  impl& backend() noexcept { return be_; }
+
+  /// This rank's shard of a `count`-element tensor under `Codec`.
+  template <class Codec>
+  schedule::range my_shard(std::size_t count) const {
+    return schedule::shard(count, Codec::block_size, P_, rank_);
+  }
+
+  // ---- all_reduce -------------------------------------------------------------------
+  template <class Codec>
+  void all_reduce(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
+    validate(in, out, count, count, count, who);
+    if (count == 0) return;
+    const int K = plan<Codec>(count);
+    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const rng_key key1{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 1};
+    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const schedule::range mine = my_shard<Codec>(count);
+    const std::size_t B = Codec::block_size;
+    be_.begin(stream);
+
+    encode_pieces<Codec>(in, count, K, key0);
+    exchange(K);
+    for (int k = 0; k < K; ++k) {  // 3: reduce my piece, re-encode it into my gather slot
+      be_.wait(lane::compute, event(k, phase::exchanged));
+      const schedule::range pc = schedule::piece(mine, B, K, k);
+      if (pc.count > 0) {
+        be_.template reduce_encode<Codec>(
+            lane::compute, recv_.data() + recv_base_[k], recv_stride_[k], P_, pc.count,
+            gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key1, pc.begin,
+            state_.stage2_ref().shifted(pc.begin - mine.begin), acc_.data());
+      }
+      be_.signal(lane::compute, event(k, phase::reduced));
+    }
+    gather(K, phase::reduced);
+    for (int k = 0; k < K; ++k) {  // 5: decode every reduced frame
+      be_.wait(lane::compute, event(k, phase::gathered));
+      for (int p = 0; p < P_; ++p) {
+        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        if (pc.count == 0) continue;
+        const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k];
+        if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
+          be_.template decode<Codec>(lane::compute, frame, pc.count, tmp_.data() + pc.begin, scale);
+          be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
+                                state_.replicated() + pc.begin, out + pc.begin);
+        } else {
+          be_.template decode<Codec>(lane::compute, frame, pc.count, out + pc.begin, scale);
+        }
+      }
+    }
+    be_.end();
+    ++step_;
+  }
+
+  // ---- reduce_scatter: out gets my shard, the exact fp32 sum of the decoded frames ------
+  template <class Codec>
+  void reduce_scatter(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
+    const schedule::range mine = my_shard<Codec>(count);
+    validate(in, out, count, count, mine.count, who);
+    if (count == 0) return;
+    const int K = plan<Codec>(count);
+    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const std::size_t B = Codec::block_size;
+    be_.begin(stream);
+    encode_pieces<Codec>(in, count, K, key0);
+    exchange(K);
+    for (int k = 0; k < K; ++k) {
+      be_.wait(lane::compute, event(k, phase::exchanged));
+      const schedule::range pc = schedule::piece(mine, B, K, k);
+      if (pc.count == 0) continue;
+      const std::byte* frames = recv_.data() + recv_base_[k];
+      T* dst = out + (pc.begin - mine.begin);
+      if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
+        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
+                                   tmp_.data() + pc.begin, scale, acc_.data());
+        be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
+                              state_.replicated() + pc.begin, dst);
+      } else {
+        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst,
+                                   scale, acc_.data());
+      }
+    }
+    be_.end();
+    ++step_;
+  }
+
+  // ---- all_gather: in is my shard of a count-element tensor; out gets the whole --------
+  template <class Codec>
+  void all_gather(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
+    const schedule::range mine = my_shard<Codec>(count);
+    validate(in, out, count, mine.count, count, who);
+    if (count == 0) return;
+    const int K = plan<Codec>(count);
+    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const std::size_t B = Codec::block_size;
+    be_.begin(stream);
+    for (int k = 0; k < K; ++k) {
+      const schedule::range pc = schedule::piece(mine, B, K, k);
+      if (pc.count > 0) {
+        be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count,
+                                   gather_.data() + gather_off_[k] + rank_ * gather_slot_[k],
+                                   key0, pc.begin, state_.worker_ref().shifted(pc.begin));
+      }
+      be_.signal(lane::compute, event(k, phase::reduced));
+    }
+    gather(K, phase::reduced);
+    for (int k = 0; k < K; ++k) {
+      be_.wait(lane::compute, event(k, phase::gathered));
+      for (int p = 0; p < P_; ++p) {
+        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        if (pc.count == 0) continue;
+        be_.template decode<Codec>(lane::compute,
+                                   gather_.data() + gather_off_[k] + p * gather_slot_[k],
+                                   pc.count, out + pc.begin, 1.0f);
+      }
+    }
+    be_.end();
+    ++step_;
+  }
+
+ private:
+  static const comm_type& checked(const comm_type& comm, const char* who) {
+    impl::check_comm(comm, who);
+    return comm;
+  }
+
+  static int event(int k, phase ph) { return k * num_phases + static_cast<int>(ph); }
+
+  /// Preconditions of every call; throws before any byte moves. `in_count` and
+  /// `out_count` are the elements read from `in` and written to `out`.
+  void validate(const void* in, const void* out, std::size_t count, std::size_t in_count,
+                std::size_t out_count, const char* who) {
+    const std::string w(who);
+    LOWBIT_EXPECTS(count <= max_count_, w + ": count " + std::to_string(count) +
+                                            " exceeds the max_count " + std::to_string(max_count_) +
+                                            " this object was built for");
+    LOWBIT_EXPECTS(in_count == 0 || in != nullptr, w + ": the input pointer is null");
+    LOWBIT_EXPECTS(out_count == 0 || out != nullptr, w + ": the output pointer is null");
+    be_.check_alive(who);
+  }
+
+  /// Frame sizes and buffer offsets of every chunk and peer for `count` elements.
+  template <class Codec>
+  int plan(std::size_t count) {
+    const std::size_t B = Codec::block_size;
+    const int K = schedule::num_chunks<Schedule>(count, B, P_);
+    std::size_t send = 0, recv = 0, gather = 0;
+    for (int k = 0; k < K; ++k) {
+      const schedule::range mine = schedule::piece(schedule::shard(count, B, P_, rank_), B, K, k);
+      const std::size_t stride = Codec::frame_bytes(mine.count);
+      std::size_t slot = 0;
+      recv_base_[k] = recv;
+      recv_stride_[k] = stride;
+      for (int p = 0; p < P_; ++p) {
+        const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
+        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        const std::size_t fb = Codec::frame_bytes(pc.count);
+        slot = std::max(slot, fb);
+        send_off_[i] = send;
+        send_bytes_[i] = p == rank_ ? 0 : fb;  // my own piece goes straight to its slot
+        send += send_bytes_[i];
+        recv_off_[i] = recv + p * stride;
+        recv_bytes_[i] = p == rank_ ? 0 : stride;
+      }
+      recv += P_ * stride;
+      gather_off_[k] = gather;
+      gather_slot_[k] = slot;
+      gather += P_ * slot;
+    }
+    if (send > send_.size() || recv > recv_.size() || gather > gather_.size())
+      LOWBIT_FAIL("workspace bound violated (a lowbit bug): send " + std::to_string(send) + "/" +
+                  std::to_string(send_.size()) + " recv " + std::to_string(recv) + "/" +
+                  std::to_string(recv_.size()) + " gather " + std::to_string(gather) + "/" +
+                  std::to_string(gather_.size()));
+    return K;
+  }
+
+  /// Phase 1: every shard's piece k, encoded for its owner (stage 0).
+  template <class Codec>
+  void encode_pieces(const T* in, std::size_t count, int K, const rng_key& key0) {
+    const std::size_t B = Codec::block_size;
+    const auto fb = state_.worker_ref();
+    for (int k = 0; k < K; ++k) {
+      for (int p = 0; p < P_; ++p) {
+        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        if (pc.count == 0) continue;
+        const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
+        std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
+        be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, frame, key0, pc.begin,
+                                   fb.shifted(pc.begin));
+      }
+      be_.signal(lane::compute, event(k, phase::encoded));
+    }
+  }
+
+  /// Phase 2: all-to-all of every chunk's frames.
+  void exchange(int K) {
+    for (int k = 0; k < K; ++k) {
+      be_.wait(lane::comm, event(k, phase::encoded));
+      const std::size_t i = static_cast<std::size_t>(k) * P_;
+      be_.alltoallv(lane::comm, send_.data(), send_bytes_.data() + i, send_off_.data() + i,
+                    recv_.data(), recv_bytes_.data() + i, recv_off_.data() + i);
+      be_.signal(lane::comm, event(k, phase::exchanged));
+    }
+  }
+
+  /// Phase 4: in-place all-gather of every chunk's slots, once `ready` is signalled.
+  void gather(int K, phase ready) {
+    for (int k = 0; k < K; ++k) {
+      be_.wait(lane::comm, event(k, ready));
+      if (gather_slot_[k] > 0)
+        be_.allgather(lane::comm, gather_.data() + gather_off_[k], gather_slot_[k]);
+      be_.signal(lane::comm, event(k, phase::gathered));
+    }
+  }
+
+  impl be_;
+  std::size_t max_count_;
+  collective_options opts_;
+  std::uint32_t step_;
+  int P_, rank_;
+  buffer<std::byte> send_, recv_, gather_;
+  buffer<float> acc_, tmp_;
+  feedback::state<Feedback, buffer> state_;
+  std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_;
+  std::vector<std::size_t> gather_off_, gather_slot_, recv_base_, recv_stride_;
+};
+
+}  // namespace lowbit::detail

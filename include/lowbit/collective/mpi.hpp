@@ -1,0 +1,29 @@
+// The low-bit collectives on the host (MPI) backend: host buffers, plain C++.
+//
+//   lowbit::comm::mpi_comm comm(MPI_COMM_WORLD);
+//   lowbit::all_reduce<float, codec, lowbit::feedback::none, lowbit::schedule::flat,
+//                      lowbit::backend::mpi> reduce(comm, max_count);
+//   reduce(in, out, count);
+#pragma once
+
+#include "lowbit/collective/all_gather.hpp"
+#include "lowbit/collective/all_reduce.hpp"
+#include "lowbit/collective/detail/backend_mpi.hpp"
+#include "lowbit/collective/reduce_scatter.hpp"
+#include "lowbit/comm/mpi_comm.hpp"
+
+namespace lowbit::mpi {
+
+/// The collectives with the host backend filled in.
+template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat>
+using all_reduce = lowbit::all_reduce<T, Codec, Feedback, Schedule, backend::mpi>;
+template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat>
+using reduce_scatter = lowbit::reduce_scatter<T, Codec, Feedback, Schedule, backend::mpi>;
+template <class T, class Codec, class Schedule = schedule::flat>
+using all_gather = lowbit::all_gather<T, Codec, Schedule, backend::mpi>;
+template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
+          class Feedback = feedback::none, class Schedule = schedule::flat>
+using dynamic_all_reduce =
+    lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::mpi>;
+
+}  // namespace lowbit::mpi

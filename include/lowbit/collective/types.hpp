@@ -1,0 +1,76 @@
+// Vocabulary shared by the collectives: reduce ops, options, element-type tags and the
+// backend tags.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "lowbit/core/numeric.hpp"
+
+namespace lowbit {
+
+/// How the ranks' contributions are combined.
+enum class reduce_op {
+  sum,  ///< the sum over ranks
+  avg,  ///< the sum over ranks times 1/P (applied when decoding, in fp32)
+};
+
+/// Run-time element type, for the type-checked `void*` entry points.
+enum class data_type { float32, float16, bfloat16 };
+
+/// The data_type of T.
+template <class T>
+constexpr data_type data_type_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return data_type::float32;
+#if LOWBIT_HAS_CUDA_HALF
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return data_type::float16;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return data_type::bfloat16;
+#endif
+  } else {
+    static_assert(dependent_false<T>, "lowbit: the element type must be float, __half or __nv_bfloat16");
+    return data_type::float32;
+  }
+}
+
+/// Name of a data_type, for messages.
+inline const char* to_string(data_type t) {
+  switch (t) {
+    case data_type::float32: return "float32";
+    case data_type::float16: return "float16";
+    case data_type::bfloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+/// Construction-time options of a collective object.
+struct collective_options {
+  reduce_op op = reduce_op::sum;  ///< sum or avg (fixed per object: EF21's state depends on it)
+  std::uint64_t seed = 0;         ///< keys stochastic rounding together with the step
+  std::uint32_t first_step = 0;   ///< step of the first call; each call adds one
+};
+
+/// Backend tags: where the buffers live and what moves them.
+namespace backend {
+/// Device buffers on a cudaStream_t; NCCL moves the frames, CUDA kernels code them.
+/// Include lowbit/collective/nccl.cuh.
+struct nccl {
+  static constexpr const char* name = "nccl";
+};
+/// Host buffers; MPI moves the frames, the host executor codes them (the reference,
+/// and a CPU-only path). Include lowbit/collective/mpi.hpp.
+struct mpi {
+  static constexpr const char* name = "mpi";
+};
+}  // namespace backend
+
+/// A compile-time set of code widths, for the run-time width entry points.
+template <int... Bits>
+struct bit_widths {
+  static_assert(sizeof...(Bits) >= 1, "lowbit::bit_widths: give at least one width");
+  static_assert(((Bits >= 1 && Bits <= 16) && ...), "lowbit::bit_widths: widths must be in 1..16");
+};
+
+}  // namespace lowbit

@@ -1,0 +1,115 @@
+// Decode on the device: frame -> T, optionally scaled (1/P for avg).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/core/float_ops.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/kernels/detail/frame_io.cuh"
+#include "lowbit/kernels/detail/lane_layout.cuh"
+#include "lowbit/kernels/detail/launch.cuh"
+#include "lowbit/kernels/detail/warp_tile.cuh"
+#include "lowbit/kernels/launch_policy.cuh"
+
+namespace lowbit::kernels {
+namespace detail {
+
+/// Writes a lane's 32 output values through the warp's staging area: coalesced vectors
+/// for a full, 16-byte aligned tile, element by element otherwise.
+template <class T, class Layout>
+__device__ __forceinline__ void store_group_values(T* tile, std::size_t tile_n, bool vector,
+                                                   unsigned char* s, int lane,
+                                                   const typename warp_tile<T, Layout>::row& r) {
+  using tile_t = warp_tile<T, Layout>;
+  if (vector) {
+    typename tile_t::striped v;
+    tile_t::transpose_out(s, lane, r, v);
+    tile_t::store(tile, lane, v);
+  } else {
+    tile_t::store_scalar(tile, tile_n, s, lane, r);
+  }
+}
+
+/// Decodes group `group` of a frame of `count` values into y (fp32, as the host does:
+/// Quantizer::dequantize per code).
+template <class Codec>
+__device__ __forceinline__ void decode_group(const std::byte* frame, std::size_t codes_offset,
+                                             std::size_t group, float (&y)[32]) {
+  using meta_type = typename Codec::meta_type;
+  std::uint32_t words[Codec::bits];
+  load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
+  const meta_type m = load_meta<meta_type>(frame, group / Codec::groups_per_block);
+  std::uint32_t codes[32];
+  Codec::unpack(words, codes);
+  Codec::dequantize_group(codes, m, y);
+}
+
+template <class Codec, class T>
+__global__ void __launch_bounds__(launch_policy::max_threads)
+    decode_kernel(const std::byte* __restrict__ frame, std::size_t count, T* __restrict__ out,
+                  float scale, bool out_vector) {
+  using layout = lane_layout<1>;  // decoding needs no block reduction: a lane per group
+  using tile_t = warp_tile<T, layout>;
+  __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
+                                             [staging_bytes(static_cast<int>(sizeof(T)))];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  unsigned char* s = smem[warp];
+  const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
+  const std::size_t codes_offset = Codec::codes_offset(count);
+  const std::size_t warps_per_cta = blockDim.x / 32;
+
+  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
+       tile += gridDim.x * warps_per_cta) {
+    const std::size_t tile_first = tile * layout::values_per_warp;
+    const std::size_t tile_rest = count - tile_first;
+    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const std::size_t group = tile * 32 + lane;
+    typename tile_t::row r;
+    if (group * 32 < count) {
+      float y[32];
+      decode_group<Codec>(frame, codes_offset, group, y);
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i) {
+        float v = y[i];
+        if (scale != 1.0f) v = lowbit::detail::fmul(v, scale);
+        raw_bits<T>::set(r.w, i, from_float<T>(v));
+      }
+    }
+    store_group_values<T, layout>(out + tile_first, tile_n,
+                                  out_vector && tile_n == layout::values_per_warp, s, lane, r);
+  }
+}
+
+}  // namespace detail
+
+/// Decodes a frame of `count` values (device memory, 16-byte aligned) into out (device
+/// memory), each multiplied by `scale` unless it is 1: the device twin of
+/// lowbit::host::decode, with the same bits. count 0 launches nothing.
+template <class Codec, class T>
+void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream,
+            const launch_policy& policy) {
+  static_assert(is_codec_v<Codec>, "lowbit::kernels::decode: Codec must be a lowbit::codec<...>");
+  static_assert(is_element_type_v<T>,
+                "lowbit::kernels::decode: the element type must be float, __half or __nv_bfloat16");
+  LOWBIT_EXPECTS(count == 0 || out != nullptr, "kernels::decode: out is null but count is nonzero");
+  detail::check_frame_pointer(frame, count, "kernels::decode");
+  if (count == 0) return;
+  const std::size_t tiles = (count + 1023) / 1024;
+  detail::decode_kernel<Codec, T><<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+      frame, count, out, scale, detail::aligned16(out));
+  LOWBIT_CHECK_LAUNCH();
+}
+
+/// decode with the launch policy of the current device.
+template <class Codec, class T>
+void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream) {
+  decode<Codec, T>(frame, count, out, scale, stream, detail::default_policy());
+}
+
+}  // namespace lowbit::kernels

@@ -1,0 +1,101 @@
+// One lane's share of encoding: the block statistics (reduced across the block's
+// lanes), the metadata, the codes of the lane's group, its packed words and the
+// feedback update; the same LOWBIT_HD codec calls, in the same order, as the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/kernels/detail/frame_io.cuh"
+#include "lowbit/kernels/detail/lane_layout.cuh"
+
+namespace lowbit::kernels::detail {
+
+template <class P, class = void>
+struct has_divide_flag : std::false_type {};
+template <class P>
+struct has_divide_flag<P, std::void_t<decltype(std::declval<P&>().divide)>> : std::true_type {};
+
+/// Codec::quantize_group for all 32 values. The quantizers keep a run-time `divide`
+/// flag (1/step overflows for subnormal steps) that every element tests; calling with
+/// a copy whose flag is the constant false lets the compiler drop that path from the
+/// common case. The results are the function's own either way.
+template <class Codec>
+__device__ __forceinline__ void quantize_all(const float (&c)[32],
+                                             const typename Codec::params_type& p,
+                                             const rng_key& key, std::uint64_t index,
+                                             std::uint32_t (&codes)[32]) {
+  if constexpr (has_divide_flag<typename Codec::params_type>::value) {
+    if (!p.divide) {
+      typename Codec::params_type q = p;
+      q.divide = false;
+      Codec::quantize_group(c, 32, q, key, index, codes);
+      return;
+    }
+  }
+  Codec::quantize_group(c, 32, p, key, index, codes);
+}
+
+/// Encodes one lane's group. Every lane of the warp calls it (the statistics are
+/// reduced with shuffles); lanes with `live` false (idle layout lanes, blocks past the
+/// end) contribute nothing and write nothing.
+///
+/// c      the lane's values (x, or the fp32 sum), valid in [0, valid); the rest are 0
+/// fb     the feedback ref, indexed from the group's first value
+/// index  tensor index of the group's first value (keys stochastic rounding)
+template <class Codec, class Layout, class Feedback>
+__device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane, bool live,
+                                             std::size_t block, std::size_t group,
+                                             std::byte* frame, std::size_t codes_offset,
+                                             const rng_key& key, std::uint64_t index,
+                                             const Feedback& fb) {
+  using quantizer = typename Codec::quantizer_type;
+  constexpr int G = Codec::group_size;
+
+  if constexpr (Feedback::active) {
+    LOWBIT_UNROLL
+    for (int i = 0; i < G; ++i)
+      if (i < valid) c[i] = fb.load(static_cast<std::size_t>(i), c[i]);
+  }
+
+  quant::block_stats stats;
+  if (valid == G) {
+    LOWBIT_UNROLL
+    for (int i = 0; i < G; ++i) stats.add(c[i]);
+  } else {
+    LOWBIT_UNROLL
+    for (int i = 0; i < G; ++i)
+      if (i < valid) stats.add(c[i]);
+  }
+  stats = reduce_block_stats<Layout::lanes_per_block>(stats, lane);
+
+  const auto meta = quantizer::make_meta(stats);
+  const auto params = quantizer::make_params(meta);
+  std::uint32_t codes[G];
+  quantize_all<Codec>(c, params, key, index, codes);
+  if (valid < G) {  // missing values of a partial block are coded 0
+    LOWBIT_UNROLL
+    for (int i = 0; i < G; ++i)
+      if (i >= valid) codes[i] = 0u;
+  }
+  std::uint32_t words[Codec::bits];
+  Codec::pack(codes, words);
+
+  if (live) {
+    store_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
+    if (Layout::group_in_block(lane) == 0) store_meta(frame, block, meta);
+  }
+
+  if constexpr (Feedback::active) {
+    // A poisoned block leaves the state untouched, as on the host.
+    if (!stats.poisoned()) {
+      LOWBIT_UNROLL
+      for (int i = 0; i < G; ++i)
+        if (i < valid) fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
+    }
+  }
+}
+
+}  // namespace lowbit::kernels::detail

@@ -1,0 +1,187 @@
+// Fused encode on the device: x (+ feedback state) -> frame, one pass over memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/feedback/refs.hpp"
+#include "lowbit/kernels/detail/group_encoder.cuh"
+#include "lowbit/kernels/detail/lane_layout.cuh"
+#include "lowbit/kernels/detail/launch.cuh"
+#include "lowbit/kernels/detail/staged_feedback.cuh"
+#include "lowbit/kernels/detail/warp_tile.cuh"
+#include "lowbit/kernels/launch_policy.cuh"
+
+namespace lowbit::kernels {
+namespace detail {
+
+/// Loads a lane's group of values of T as floats through the warp's staging area: the
+/// coalesced vector path for a full, 16-byte aligned tile, element by element otherwise.
+/// Values past `valid` are 0.
+template <class T, class Layout>
+__device__ __forceinline__ void load_group_values(const T* tile, std::size_t tile_n, bool vector,
+                                                  unsigned char* s, int lane, int valid,
+                                                  float (&c)[32]) {
+  using tile_t = warp_tile<T, Layout>;
+  typename tile_t::row r;
+  if (vector) {
+    typename tile_t::striped v;
+    tile_t::load_ro(tile, lane, v);
+    tile_t::transpose_in(s, lane, v, r);
+  } else {
+    tile_t::load_scalar(tile, tile_n, s, lane, r);
+  }
+  LOWBIT_UNROLL
+  for (int i = 0; i < 32; ++i) c[i] = i < valid ? to_float(raw_bits<T>::get(r.w, i)) : 0.0f;
+}
+
+/// The lane's feedback state in registers, staged in and out of a state array.
+template <class R, class Layout>
+struct state_rows {
+  using tile_t = warp_tile<R, Layout>;
+  R v[32];
+
+  __device__ __forceinline__ void load(R* tile, std::size_t tile_n, bool vector, unsigned char* s,
+                                       int lane) {
+    typename tile_t::row r;
+    if (vector) {
+      typename tile_t::striped sv;
+      tile_t::load_rw(tile, lane, sv);
+      tile_t::transpose_in(s, lane, sv, r);
+    } else {
+      tile_t::load_scalar(tile, tile_n, s, lane, r);
+    }
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i) v[i] = raw_bits<R>::get(r.w, i);
+  }
+  __device__ __forceinline__ void store(R* tile, std::size_t tile_n, bool vector, unsigned char* s,
+                                        int lane) const {
+    typename tile_t::row r;
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i) raw_bits<R>::set(r.w, i, v[i]);
+    if (vector) {
+      typename tile_t::striped sv;
+      tile_t::transpose_out(s, lane, r, sv);
+      tile_t::store(tile, lane, sv);
+    } else {
+      tile_t::store_scalar(tile, tile_n, s, lane, r);
+    }
+  }
+};
+
+template <class Codec, class T, class Feedback>
+struct encode_traits {
+  using layout = lane_layout<Codec::groups_per_block>;
+  using staged = staged_feedback<Feedback>;
+  using state_type = typename staged::state_type;
+  static constexpr int staged_size = staged::value && sizeof(state_type) > sizeof(T)
+                                         ? static_cast<int>(sizeof(state_type))
+                                         : static_cast<int>(sizeof(T));
+  static constexpr int warps = launch_policy::max_threads / 32;
+};
+
+template <class Codec, class T, class Feedback>
+__global__ void __launch_bounds__(launch_policy::max_threads)
+    encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
+                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector) {
+  using traits = encode_traits<Codec, T, Feedback>;
+  using layout = typename traits::layout;
+  using staged = typename traits::staged;
+  using R = typename traits::state_type;
+  __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
+
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  unsigned char* s = smem[warp];
+  const std::size_t blocks = Codec::num_blocks(count);
+  const std::size_t tiles = (blocks + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  const std::size_t codes_offset = Codec::codes_offset(count);
+  const std::size_t warps_per_cta = blockDim.x / 32;
+
+  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
+       tile += gridDim.x * warps_per_cta) {
+    const std::size_t tile_first = tile * layout::values_per_warp;
+    const std::size_t tile_rest = count - tile_first;
+    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const bool full = tile_n == layout::values_per_warp;
+
+    const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
+    const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
+    const bool live = layout::lane_active(lane) && block < blocks;
+    const std::size_t first = group * 32;
+    const int valid = !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+
+    float c[32];
+    load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
+
+    if constexpr (staged::value) {
+      state_rows<R, layout> st;
+      R* state = staged::state(fb) + tile_first;
+      st.load(state, tile_n, full && state_vector, s, lane);
+      encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
+                                  index0 + first, staged::bind(st.v));
+      st.store(state, tile_n, full && state_vector, s, lane);
+    } else {
+      encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
+                                  index0 + first, fb.shifted(first));
+    }
+  }
+}
+
+template <class Codec, class T, class Feedback>
+void check_codec_types() {
+  static_assert(is_codec_v<Codec>, "lowbit::kernels: Codec must be a lowbit::codec<...>");
+  static_assert(is_element_type_v<T>,
+                "lowbit::kernels: the element type must be float, __half or __nv_bfloat16");
+  static_assert(feedback::is_feedback_ref_v<Feedback>,
+                "lowbit::kernels: fb must be a feedback ref (lowbit/feedback/refs.hpp)");
+}
+
+}  // namespace detail
+
+/// Encodes `count` values of x (device memory) into `frame` (Codec::frame_bytes(count)
+/// bytes of device memory, 16-byte aligned), on `stream`: the device twin of
+/// lowbit::host::encode, and byte for byte the same frame.
+///
+/// `index0` is the tensor index of x[0] (a multiple of 32; it keys stochastic rounding).
+/// `fb` is a feedback ref indexed from x[0] whose state lives in device memory; a block
+/// holding inf/nan leaves it untouched and decodes to nan. No allocation and no host
+/// synchronisation; count 0 launches nothing. Throws lowbit::invalid_argument before
+/// launching when an argument is wrong.
+template <class Codec, class T, class Feedback = feedback::none_ref>
+void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
+            std::uint64_t index0, Feedback fb, cudaStream_t stream, const launch_policy& policy) {
+  detail::check_codec_types<Codec, T, Feedback>();
+  LOWBIT_EXPECTS(count == 0 || x != nullptr, "kernels::encode: x is null but count is nonzero");
+  detail::check_frame_pointer(frame, count, "kernels::encode");
+  detail::check_index0(index0, "kernels::encode");
+  using staged = detail::staged_feedback<Feedback>;
+  bool state_vector = true;
+  if constexpr (staged::value) {
+    LOWBIT_EXPECTS(count == 0 || staged::state(fb) != nullptr,
+                   "kernels::encode: the feedback state is null but count is nonzero");
+    state_vector = detail::aligned16(staged::state(fb));
+  }
+  if (count == 0) return;
+  using layout = typename detail::encode_traits<Codec, T, Feedback>::layout;
+  const std::size_t tiles =
+      (Codec::num_blocks(count) + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  detail::encode_kernel<Codec, T, Feedback>
+      <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+          x, count, frame, key, index0, fb, detail::aligned16(x), state_vector);
+  LOWBIT_CHECK_LAUNCH();
+}
+
+/// encode with the launch policy of the current device.
+template <class Codec, class T, class Feedback = feedback::none_ref>
+void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
+            std::uint64_t index0, Feedback fb, cudaStream_t stream) {
+  encode<Codec, T, Feedback>(x, count, frame, key, index0, fb, stream, detail::default_policy());
+}
+
+}  // namespace lowbit::kernels

@@ -1,0 +1,208 @@
+// The middle of all_reduce in one kernel: decode the P frames of a shard, sum them in
+// fp32 (frame order, from 0.0f, as the host does), apply the optional second-stage
+// feedback, and encode the sum into one frame; optionally also write the sum as T.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/core/float_ops.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/feedback/refs.hpp"
+#include "lowbit/kernels/decode.cuh"
+#include "lowbit/kernels/detail/group_encoder.cuh"
+#include "lowbit/kernels/detail/lane_layout.cuh"
+#include "lowbit/kernels/detail/launch.cuh"
+#include "lowbit/kernels/detail/staged_feedback.cuh"
+#include "lowbit/kernels/detail/warp_tile.cuh"
+#include "lowbit/kernels/encode.cuh"
+#include "lowbit/kernels/launch_policy.cuh"
+
+namespace lowbit::kernels {
+namespace detail {
+
+template <class Codec, class T, class Feedback>
+struct reduce_traits {
+  using layout = lane_layout<Codec::groups_per_block>;
+  using staged = staged_feedback<Feedback>;
+  using state_type = typename staged::state_type;
+  static constexpr int staged_size = staged::value && sizeof(state_type) > sizeof(T)
+                                         ? static_cast<int>(sizeof(state_type))
+                                         : static_cast<int>(sizeof(T));
+};
+
+template <class Codec, class T, class Feedback>
+__global__ void __launch_bounds__(launch_policy::max_threads)
+    reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
+                  std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
+                  std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
+                  float reduced_scale, bool out_vector, bool state_vector) {
+  using traits = reduce_traits<Codec, T, Feedback>;
+  using layout = typename traits::layout;
+  using staged = typename traits::staged;
+  using R = typename traits::state_type;
+  using tile_t = warp_tile<T, layout>;
+  using meta_type = typename Codec::meta_type;
+  __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
+                                             [staging_bytes(traits::staged_size)];
+
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  unsigned char* s = smem[warp];
+  const std::size_t blocks = Codec::num_blocks(count);
+  const std::size_t tiles = (blocks + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  const std::size_t codes_offset = Codec::codes_offset(count);
+  const std::size_t warps_per_cta = blockDim.x / 32;
+
+  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
+       tile += gridDim.x * warps_per_cta) {
+    const std::size_t tile_first = tile * layout::values_per_warp;
+    const std::size_t tile_rest = count - tile_first;
+    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const bool full = tile_n == layout::values_per_warp;
+
+    const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
+    const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
+    const bool live = layout::lane_active(lane) && block < blocks;
+    const std::size_t first = group * 32;
+    const int valid = !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+
+    float c[32];
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i) c[i] = 0.0f;
+    if (live) {
+      const std::byte* f = frames;
+      for (int p = 0; p < num_frames; ++p, f += frame_stride) {
+        std::uint32_t words[Codec::bits];
+        load_words<Codec::bits>(f + codes_offset + group * Codec::group_bytes, words);
+        const meta_type m = load_meta<meta_type>(f, block);
+        std::uint32_t codes[32];
+        Codec::unpack(words, codes);
+        LOWBIT_UNROLL
+        for (int i = 0; i < 32; ++i)
+          c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], m));
+      }
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i)
+        if (i >= valid) c[i] = 0.0f;
+    }
+
+    if (reduced_out != nullptr) {
+      typename tile_t::row r;
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i) {
+        float v = c[i];
+        if (reduced_scale != 1.0f) v = lowbit::detail::fmul(v, reduced_scale);
+        raw_bits<T>::set(r.w, i, from_float<T>(v));
+      }
+      store_group_values<T, layout>(reduced_out + tile_first, tile_n, full && out_vector, s, lane, r);
+    }
+
+    if (out_frame != nullptr) {
+      if constexpr (staged::value) {
+        state_rows<R, layout> st;
+        R* state = staged::state(fb) + tile_first;
+        st.load(state, tile_n, full && state_vector, s, lane);
+        encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
+                                    key, index0 + first, staged::bind(st.v));
+        st.store(state, tile_n, full && state_vector, s, lane);
+      } else {
+        encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
+                                    key, index0 + first, fb.shifted(first));
+      }
+    }
+  }
+}
+
+template <class Codec, class Feedback, class T>
+void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_frames,
+                   std::size_t count, std::byte* out_frame, const rng_key& key,
+                   std::uint64_t index0, Feedback fb, T* reduced_out, float reduced_scale,
+                   cudaStream_t stream, const launch_policy& policy, const char* what) {
+  check_codec_types<Codec, T, Feedback>();
+  const std::string w(what);
+  LOWBIT_EXPECTS(num_frames >= 1, w + ": num_frames must be >= 1");
+  LOWBIT_EXPECTS(frame_stride >= Codec::frame_bytes(count) && frame_stride % 16 == 0,
+                 w + ": frame_stride must hold a frame and be a multiple of 16");
+  check_frame_pointer(frames, count, what);
+  LOWBIT_EXPECTS(aligned16(out_frame), w + ": out_frame must be 16-byte aligned");
+  LOWBIT_EXPECTS(count == 0 || out_frame != nullptr || reduced_out != nullptr,
+                 w + ": out_frame and reduced_out are both null");
+  check_index0(index0, what);
+  using staged = staged_feedback<Feedback>;
+  bool state_vector = true;
+  if constexpr (staged::value) {
+    LOWBIT_EXPECTS(count == 0 || out_frame == nullptr || staged::state(fb) != nullptr,
+                   w + ": the feedback state is null but count is nonzero");
+    state_vector = aligned16(staged::state(fb));
+  }
+  if (count == 0) return;
+  using layout = typename reduce_traits<Codec, T, Feedback>::layout;
+  const std::size_t tiles =
+      (Codec::num_blocks(count) + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  reduce_kernel<Codec, T, Feedback><<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+      frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
+      reduced_scale, aligned16(reduced_out), state_vector);
+  LOWBIT_CHECK_LAUNCH();
+}
+
+}  // namespace detail
+
+/// The middle of all_reduce: sums `num_frames` frames of `count` values (frame p at
+/// frames + p * frame_stride, device memory) in fp32, in order p = 0, 1, ..., and
+/// encodes the sum into `out_frame` with feedback `fb` (a second-stage residual, or
+/// none): the device twin of lowbit::host::decode_accumulate_encode, with the same bytes.
+/// `reduced_out`, when not null, receives the fp32 sum (what the host leaves in `acc`)
+/// converted to T, multiplied by `reduced_scale` unless it is 1. `out_frame` may be null
+/// when only the sum is wanted (reduce_scatter). No allocation, no host sync.
+template <class Codec, class Feedback = feedback::none_ref, class T = float>
+void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
+                              std::size_t count, std::byte* out_frame, const rng_key& key,
+                              std::uint64_t index0, Feedback fb, T* reduced_out,
+                              float reduced_scale, cudaStream_t stream, const launch_policy& policy) {
+  detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
+                               reduced_out, reduced_scale, stream, policy,
+                               "kernels::decode_accumulate_encode");
+}
+
+/// decode_accumulate_encode with the sum written unscaled (when reduced_out is not null)
+/// and the launch policy of the current device.
+template <class Codec, class Feedback = feedback::none_ref, class T = float>
+void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
+                              std::size_t count, std::byte* out_frame, const rng_key& key,
+                              std::uint64_t index0, Feedback fb, T* reduced_out,
+                              cudaStream_t stream) {
+  decode_accumulate_encode<Codec, Feedback, T>(frames, frame_stride, num_frames, count, out_frame,
+                                               key, index0, fb, reduced_out, 1.0f, stream,
+                                               detail::default_policy());
+}
+
+/// decode_accumulate_encode without the decoded sum (reduced_out = nullptr).
+template <class Codec, class Feedback = feedback::none_ref>
+void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
+                              std::size_t count, std::byte* out_frame, const rng_key& key,
+                              std::uint64_t index0, Feedback fb, std::nullptr_t,
+                              cudaStream_t stream) {
+  decode_accumulate_encode<Codec, Feedback, float>(frames, frame_stride, num_frames, count,
+                                                   out_frame, key, index0, fb,
+                                                   static_cast<float*>(nullptr), 1.0f, stream,
+                                                   detail::default_policy());
+}
+
+/// The reduce_scatter half: out[i] = T(scale * sum over p of frame p's value i), the sum
+/// in fp32 in frame order from 0.0f (scale skipped when 1). No frame is written.
+template <class Codec, class T>
+void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int num_frames,
+                       std::size_t count, T* out, float scale, cudaStream_t stream) {
+  LOWBIT_EXPECTS(count == 0 || out != nullptr, "kernels::decode_accumulate: out is null but count is nonzero");
+  detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, nullptr, rng_key{}, 0,
+                               feedback::none_ref{}, out, scale, stream, detail::default_policy(),
+                               "kernels::decode_accumulate");
+}
+
+}  // namespace lowbit::kernels

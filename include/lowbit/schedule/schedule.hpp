@@ -1,0 +1,101 @@
+// Schedules: how a tensor is cut into per-rank shards, and each shard into the pieces
+// that one chunk of a pipelined call moves. Plain arithmetic, shared by every backend,
+// so that the host and device paths cut (and therefore encode) a tensor identically.
+//
+// A shard is a range of whole quantizer blocks: its first element index is a multiple
+// of the block size (so of 32, which keys stochastic rounding), and its frame is
+// self-contained. Blocks are dealt out as evenly as possible (the first ranks get one
+// more when they do not divide); shards may be empty, and only the last non-empty
+// shard of the tensor can end in a partial block. No divisibility is required.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+namespace lowbit::schedule {
+
+/// One pass per stage over the whole tensor: the least launches and messages.
+struct flat {
+  static constexpr bool is_schedule_policy = true;
+  static constexpr int max_chunks = 1;
+  static constexpr int streams = 1;
+  static constexpr const char* name = "flat";
+};
+
+/// Cuts every rank's shard into up to `Chunks` pieces (whole blocks); chunk k is piece
+/// k of every shard, reduced as an independent flat collective. On NCCL the stages of
+/// the chunks run on two streams (the caller's for encoding and decoding, an internal
+/// one for the transfers) linked by events only, so that encoding chunk k+1 overlaps
+/// the transfer of chunk k. Each rank's shard stays one contiguous range (what
+/// reduce_scatter returns and all_gather takes). A piece holds at least one block, so
+/// small tensors use fewer chunks. The host backend runs the same chunks one after the
+/// other and computes the same bytes.
+template <int Chunks = 4>
+struct pipelined {
+  static_assert(Chunks >= 1 && Chunks <= 64,
+                "lowbit::schedule::pipelined: Chunks must be in 1..64");
+  static constexpr bool is_schedule_policy = true;
+  static constexpr int max_chunks = Chunks;
+  static constexpr int streams = 2;
+  static constexpr const char* name = "pipelined";
+};
+
+template <class S, class = void>
+struct is_schedule_policy : std::false_type {};
+template <class S>
+struct is_schedule_policy<S, std::enable_if_t<S::is_schedule_policy>> : std::true_type {};
+/// True for schedule::flat and schedule::pipelined<...>.
+template <class S>
+inline constexpr bool is_schedule_policy_v = is_schedule_policy<S>::value;
+
+/// A half-open element range [begin, begin + count).
+struct range {
+  std::size_t begin = 0;
+  std::size_t count = 0;
+  std::size_t end() const { return begin + count; }
+};
+
+/// Part `i` of `n` blocks dealt out evenly over `parts` (the first n % parts get one more).
+inline range split_blocks(std::size_t n, std::size_t parts, std::size_t i) {
+  const std::size_t base = n / parts, rem = n % parts;
+  const std::size_t begin = i * base + std::min(i, rem);
+  return {begin, base + (i < rem ? 1 : 0)};
+}
+
+/// Element range of the blocks [b.begin, b.end()) of a tensor of `count` elements.
+inline range blocks_to_elements(range b, std::size_t block, std::size_t count) {
+  const std::size_t first = std::min(b.begin * block, count);
+  const std::size_t last = std::min(b.end() * block, count);
+  return {first, last - first};
+}
+
+/// Shard `rank` of `ranks` of a tensor of `count` elements cut in blocks of `block`.
+inline range shard(std::size_t count, std::size_t block, int ranks, int rank) {
+  const std::size_t nblocks = (count + block - 1) / block;
+  return blocks_to_elements(split_blocks(nblocks, static_cast<std::size_t>(ranks),
+                                         static_cast<std::size_t>(rank)),
+                            block, count);
+}
+
+/// How many chunks Schedule cuts `count` elements into (blocks of `block`, `ranks`
+/// ranks): at most Schedule::max_chunks, and no more than the smallest shard's blocks.
+template <class Schedule>
+int num_chunks(std::size_t count, std::size_t block, int ranks) {
+  const std::size_t nblocks = (count + block - 1) / block;
+  const std::size_t per_rank = nblocks / static_cast<std::size_t>(ranks);
+  return static_cast<int>(std::max<std::size_t>(
+      1, std::min<std::size_t>(per_rank, static_cast<std::size_t>(Schedule::max_chunks))));
+}
+
+/// Piece `k` of `chunks` of the shard `s` (s.begin a multiple of `block`).
+inline range piece(range s, std::size_t block, int chunks, int k) {
+  const std::size_t nblocks = (s.count + block - 1) / block;
+  range r = blocks_to_elements(split_blocks(nblocks, static_cast<std::size_t>(chunks),
+                                            static_cast<std::size_t>(k)),
+                               block, s.count);
+  r.begin += s.begin;
+  return r;
+}
+
+}  // namespace lowbit::schedule

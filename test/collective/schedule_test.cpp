@@ -1,0 +1,58 @@
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <vector>
+
+#include "lowbit/schedule/schedule.hpp"
+
+using namespace lowbit;
+
+TEST_CASE("shards are whole blocks that cover the tensor once, in rank order") {
+  for (std::size_t block : {32u, 128u}) {
+    for (int P : {1, 2, 3, 4, 7}) {
+      for (std::size_t count : {0ul, 1ul, 31ul, 33ul, 127ul, 128ul, 1000ul, 4099ul, 100003ul}) {
+        std::size_t next = 0, biggest = 0;
+        for (int p = 0; p < P; ++p) {
+          const auto s = schedule::shard(count, block, P, p);
+          CHECK(s.begin == next);
+          CHECK(s.begin % block == 0);
+          if (s.end() != count) CHECK(s.count % block == 0);  // only the last one is partial
+          if (p == 0) biggest = s.count;
+          CHECK(s.count <= biggest + 0);  // the first shard is the largest
+          next = s.end();
+        }
+        CHECK(next == count);
+      }
+    }
+  }
+}
+
+TEST_CASE("pieces cut a shard into whole blocks, and chunks never outnumber blocks per rank") {
+  using S = schedule::pipelined<4>;
+  const std::size_t block = 64;
+  for (int P : {1, 2, 3, 4}) {
+    for (std::size_t count : {1ul, 100ul, 64ul * 4 * 3 + 5, 100003ul}) {
+      const int K = schedule::num_chunks<S>(count, block, P);
+      CHECK(K >= 1);
+      CHECK(K <= 4);
+      CHECK(schedule::num_chunks<schedule::flat>(count, block, P) == 1);
+      for (int p = 0; p < P; ++p) {
+        const auto s = schedule::shard(count, block, P, p);
+        std::size_t next = s.begin;
+        for (int k = 0; k < K; ++k) {
+          const auto pc = schedule::piece(s, block, K, k);
+          CHECK(pc.begin == next);
+          CHECK(pc.begin % block == 0);
+          next = pc.end();
+        }
+        CHECK(next == s.end());
+      }
+    }
+  }
+}
+
+TEST_CASE("schedule policies are recognised") {
+  STATIC_REQUIRE(schedule::is_schedule_policy_v<schedule::flat>);
+  STATIC_REQUIRE(schedule::is_schedule_policy_v<schedule::pipelined<2>>);
+  STATIC_REQUIRE_FALSE(schedule::is_schedule_policy_v<int>);
+}

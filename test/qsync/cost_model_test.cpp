@@ -1,0 +1,155 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "lowbit/qsync/comm_model.hpp"
+#include "lowbit/qsync/cost_model.hpp"
+#include "lowbit/qsync/simulator.hpp"
+#include "qsync_fixtures.hpp"
+
+using namespace lowbit::qsync;
+using namespace lowbit::qsync::test;
+using Catch::Matchers::Contains;
+
+TEST_CASE("roofline: max of compute and memory time, backward twice for weighted ops") {
+  const cost_model cm(round_device());
+  op o = linear_op("l", {});
+  o.flops = 2e9;  // 2 ms at fp32, 1 ms at fp16
+  o.bytes = 4e9;  // 4 ms at fp32, 2 ms at fp16 (half the bytes)
+  REQUIRE(cm.time(o, precision::fp32).forward_ms == Approx(4.0));
+  REQUIRE(cm.time(o, precision::fp32).backward_ms == Approx(8.0));
+  o.bytes = 1e6;
+  REQUIRE(cm.time(o, precision::fp16).forward_ms == Approx(1.0));
+  REQUIRE(cm.time(o, precision::fp16).backward_ms == Approx(2.0));  // two GEMMs
+  o.param_numel = 0;
+  REQUIRE(cm.time(o, precision::fp16).backward_ms == Approx(1.0));  // one pass
+  REQUIRE_THROWS_WITH(cm.roofline(o, precision::bf16), Contains("no bf16 mode"));
+}
+
+TEST_CASE("measured times win over the roofline, half-measured ops fill the other half") {
+  measured_table t;
+  t.set("l", precision::fp16, {0.25, 0.75});
+  t.set("m", precision::fp16, {0.5, -1});
+  const cost_model cm(round_device(), t);
+  op l = linear_op("l", {});
+  l.flops = 2e9;
+  REQUIRE(cm.time(l, precision::fp16).forward_ms == 0.25);
+  REQUIRE(cm.time(l, precision::fp16).backward_ms == 0.75);
+  REQUIRE(cm.time(l, precision::fp32).forward_ms == Approx(2.0));  // not measured at fp32
+  op m = l;
+  m.name = "m";
+  REQUIRE(cm.time(m, precision::fp16).forward_ms == 0.5);
+  REQUIRE(cm.time(m, precision::fp16).backward_ms == Approx(2.0));
+}
+
+TEST_CASE("cast costs use QSync's T4 fits") {
+  const cast_costs c = t4_cast_costs();
+  REQUIRE(c.cost(precision::fp32, precision::fp16, 1e6) == Approx(2.878e-8 * 1e6 + 1.009e-3));
+  REQUIRE(c.cost(precision::fp16, precision::fp32, 1e6) == Approx(2.878e-8 * 1e6 + 1.009e-3));
+  REQUIRE(c.cost(precision::fp32, precision::int8, 1e6) == Approx(1.418e-7 * 1e6 + 1.222e-2));
+  REQUIRE(c.cost(precision::int8, precision::fp32, 1e6) == Approx(2.727e-8 * 1e6 + 1.009e-3));
+  REQUIRE(c.cost(precision::tf32, precision::fp32, 1e6) == 0.0);
+  REQUIRE(c.cost(precision::fp16, precision::fp16, 1e6) == 0.0);
+  // On a V100 the per-element term shrinks with bandwidth, the launch term stays.
+  const device_profile v = v100();
+  REQUIRE(v.casts.float_to_float.a_ms == Approx(2.878e-8 * 320 / 900));
+  REQUIRE(v.casts.float_to_float.b_ms == Approx(1.009e-3));
+}
+
+TEST_CASE("casts are inserted only around the op whose precision changed") {
+  device_profile d = round_device();
+  d.casts = t4_cast_costs();
+  const simulator sim(model_of(linear_chain(5)), {"c", {{d, 1, {}}}, builtin_link("pcie4")});
+  auto p = sim.uniform(precision::fp32);
+  auto count_casts = [&](const device_trace& t, std::set<std::size_t>* ops) {
+    int n = 0;
+    for (const auto& k : t.kernels)
+      if (k.kind == kernel_kind::cast) {
+        ++n;
+        if (ops) ops->insert(k.op);
+      }
+    return n;
+  };
+  REQUIRE(count_casts(sim.trace(0, p.precisions[0]), nullptr) == 0);
+  p.precisions[0][2] = precision::fp16;
+  std::set<std::size_t> where;
+  // Forward: input cast, weight cast (op2), output cast (op3's input). Backward: the
+  // incoming gradient (op2), the weight gradient (op2), the outgoing gradient (op1).
+  REQUIRE(count_casts(sim.trace(0, p.precisions[0]), &where) == 6);
+  REQUIRE(where == std::set<std::size_t>{1, 2, 3});
+  // Two neighbours at the same low precision need no cast between them.
+  p.precisions[0][3] = precision::fp16;
+  where.clear();
+  REQUIRE(count_casts(sim.trace(0, p.precisions[0]), &where) == 8);
+  REQUIRE(where == std::set<std::size_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("memory: fp32 weights, gradients and state plus activations, 16-bit floor clamped") {
+  op ln;
+  ln.name = "ln";
+  ln.kind = op_kind::layer_norm;
+  ln.param_numel = 100;
+  ln.saved_numel = 1000;
+  op fc = linear_op("fc", {"ln"}, 400, 2000);
+  const op_graph g({ln, fc});
+  const auto m32 = memory_bytes(g, {precision::fp32, precision::fp32}, 8);
+  REQUIRE(m32.weights == 2000);
+  REQUIRE(m32.gradients == 2000);
+  REQUIRE(m32.optimizer == 4000);
+  REQUIRE(m32.activations == 12000);
+  // int8 everywhere: the linear saves 1 byte per element, the layer norm never below 2.
+  const auto m8 = memory_bytes(g, {precision::int8, precision::int8}, 8);
+  REQUIRE(m8.activations == 1000 * 2 + 2000 * 1);
+  REQUIRE(m8.total() == 2000 + 2000 + 4000 + 4000);
+  REQUIRE(clamp_precision(op_kind::softmax, precision::fp8) == precision::fp16);
+  REQUIRE(clamp_precision(op_kind::conv, precision::int8) == precision::int8);
+}
+
+TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
+  op ln;
+  ln.name = "ln";
+  ln.kind = op_kind::layer_norm;
+  const op fc = linear_op("fc", {});
+  using P = precision;
+  REQUIRE(allowed_precisions(fc, t4()) == std::vector<P>{P::int8, P::fp16, P::fp32});
+  REQUIRE(allowed_precisions(ln, t4()) == std::vector<P>{P::fp16, P::fp32});
+  REQUIRE(allowed_precisions(fc, v100()) == std::vector<P>{P::fp16, P::fp32});
+  REQUIRE(allowed_precisions(fc, a100()) == std::vector<P>{P::int8, P::fp16, P::tf32, P::fp32});
+  op bf = fc;
+  bf.allowed = {P::bf16};
+  REQUIRE_THROWS_WITH(allowed_precisions(bf, t4()),
+                      Contains("op 'fc'") && Contains("device 'T4'"));
+  REQUIRE(nearest_allowed({P::fp16, P::fp32}, P::int8) == P::fp16);
+  REQUIRE(nearest_allowed({P::int8, P::fp16}, P::fp32) == P::fp16);
+}
+
+TEST_CASE("wire bytes mirror the codec frame: 16-byte aligned scales, then codes") {
+  REQUIRE(wire_bytes(32, 256) == 1024);
+  REQUIRE(wire_bytes(16, 256) == 512);
+  REQUIRE(wire_bytes(4, 256) == 16 + 2 * 64);   // 2 scales padded to 16, 2 x 64 B codes
+  REQUIRE(wire_bytes(3, 100) == 16 + 48);       // a partial block is a whole block
+  REQUIRE(wire_bytes(1, 128 * 5) == 32 + 80);   // 20 B of scales pad to 32
+  REQUIRE(wire_bytes(4, 0) == 0);
+  REQUIRE_THROWS_AS(wire_bytes(17, 10), lowbit::invalid_argument);
+  // All-reduce: P-1 shard frames out, then the reduced shard to P-1 peers.
+  REQUIRE(all_reduce_bytes_per_rank(4, 1024, 4) == 2 * 3 * wire_bytes(4, 256));
+  REQUIRE(all_reduce_bytes_per_rank(4, 1024, 1) == 0);
+  const link_profile l{"l", 1.0, 0.01};  // 1 GB/s = 1e6 B/ms
+  const device_profile d = round_device();
+  REQUIRE(all_reduce_ms(32, 1e6, 2, l, d) == Approx(2 * 0.01 + 4e6 / 1e6));
+  REQUIRE(all_reduce_ms(4, 1e6, 2, l, d) > 2 * 0.01 + all_reduce_bytes_per_rank(4, 1e6, 2) / 1e6);
+  REQUIRE(all_reduce_ms(4, 1e6, 2, l, d) < all_reduce_ms(32, 1e6, 2, l, d));
+}
+
+TEST_CASE("built-in devices and links carry datasheet numbers; unknown names are errors") {
+  REQUIRE(t4().peak_tflops[index_of(precision::int8)] == 130);
+  REQUIRE(h200().memory_gib == 141);
+  REQUIRE(h200().memory_bandwidth_gbs == 4800);
+  REQUIRE(a100().supports(precision::tf32));
+  REQUIRE_FALSE(v100().supports(precision::bf16));
+  REQUIRE(builtin_link("ethernet-25g").bandwidth_gbs == Approx(3.125));
+  REQUIRE_THROWS_WITH(builtin_device("K80"), Contains("unknown device 'K80'"));
+  REQUIRE_THROWS_WITH(builtin_link("carrier-pigeon"), Contains("unknown link"));
+}
