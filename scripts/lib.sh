@@ -61,11 +61,15 @@ ensure_deps() {
 has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 # configure_build <build-dir> [cmake args...]
+# LOWBIT_CMAKE_ARGS (environment, space-separated) adds arguments to every configure,
+# e.g. LOWBIT_CMAKE_ARGS="-DLOWBIT_TEST_DIRS=core;codec" for a quick subset.
 configure_build() {
   local dir=$1
   shift
-  local prefix=()
+  local prefix=() extra=()
   [[ -d $LOWBIT_ROOT/.deps/usr ]] && prefix=(-DCMAKE_PREFIX_PATH="$LOWBIT_ROOT/.deps/usr")
-  cmake -S "$LOWBIT_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} "${prefix[@]}" "$@" >/dev/null
+  read -r -a extra <<<"${LOWBIT_CMAKE_ARGS:-}"
+  cmake -S "$LOWBIT_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} "${prefix[@]}" \
+    "${extra[@]}" "$@" >/dev/null
   cmake --build "$dir" -j "$JOBS"
 }
