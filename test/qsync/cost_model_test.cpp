@@ -119,8 +119,7 @@ TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   REQUIRE(allowed_precisions(fc, a100()) == std::vector<P>{P::int8, P::fp16, P::tf32, P::fp32});
   op bf = fc;
   bf.allowed = {P::bf16};
-  REQUIRE_THROWS_WITH(allowed_precisions(bf, t4()),
-                      Contains("op 'fc'") && Contains("device 'T4'"));
+  REQUIRE_THROWS_WITH(allowed_precisions(bf, t4()), Contains("op 'fc'") && Contains("device 'T4'"));
   REQUIRE(nearest_allowed({P::fp16, P::fp32}, P::int8) == P::fp16);
   REQUIRE(nearest_allowed({P::int8, P::fp16}, P::fp32) == P::fp16);
 }
@@ -128,9 +127,9 @@ TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
 TEST_CASE("wire bytes mirror the codec frame: 16-byte aligned scales, then codes") {
   REQUIRE(wire_bytes(32, 256) == 1024);
   REQUIRE(wire_bytes(16, 256) == 512);
-  REQUIRE(wire_bytes(4, 256) == 16 + 2 * 64);   // 2 scales padded to 16, 2 x 64 B codes
-  REQUIRE(wire_bytes(3, 100) == 16 + 48);       // a partial block is a whole block
-  REQUIRE(wire_bytes(1, 128 * 5) == 32 + 80);   // 20 B of scales pad to 32
+  REQUIRE(wire_bytes(4, 256) == 16 + 2 * 64);  // 2 scales padded to 16, 2 x 64 B codes
+  REQUIRE(wire_bytes(3, 100) == 16 + 48);      // a partial block is a whole block
+  REQUIRE(wire_bytes(1, 128 * 5) == 32 + 80);  // 20 B of scales pad to 32
   REQUIRE(wire_bytes(4, 0) == 0);
   REQUIRE_THROWS_AS(wire_bytes(17, 10), lowbit::invalid_argument);
   // All-reduce: P-1 shard frames out, then the reduced shard to P-1 peers.

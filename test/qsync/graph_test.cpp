@@ -32,14 +32,12 @@ TEST_CASE("op_graph: topological order is stable and depth follows it") {
 TEST_CASE("op_graph: unknown input, cycle and duplicate names are errors naming the op") {
   REQUIRE_THROWS_WITH(op_graph({make("a", {}), make("b", {"nope"})}),
                       Contains("op 'b' has unknown input op 'nope'"));
-  REQUIRE_THROWS_WITH(op_graph({make("x", {}), make("a", {"c"}), make("b", {"a"}),
-                                make("c", {"b", "x"})}),
-                      Contains("cycle in the op graph") && Contains("'a' -> 'b'") &&
-                          Contains("'c'"));
+  REQUIRE_THROWS_WITH(
+      op_graph({make("x", {}), make("a", {"c"}), make("b", {"a"}), make("c", {"b", "x"})}),
+      Contains("cycle in the op graph") && Contains("'a' -> 'b'") && Contains("'c'"));
   REQUIRE_THROWS_WITH(op_graph({make("self", {"self"})}),
                       Contains("cycle") && Contains("'self' -> 'self'"));
-  REQUIRE_THROWS_WITH(op_graph({make("a", {}), make("a", {})}),
-                      Contains("duplicate op name 'a'"));
+  REQUIRE_THROWS_WITH(op_graph({make("a", {}), make("a", {})}), Contains("duplicate op name 'a'"));
   const op_graph g({make("a", {})});
   REQUIRE_THROWS_WITH(g.index_of("zz"), Contains("unknown op 'zz'"));
 }

@@ -54,9 +54,8 @@ TEST_CASE("cross-device: buckets start at the latest ready time and last the lon
   fast.bucket_ready = slow.bucket_ready = {0, 2};
   fast.tail_ms = 2.0;
   slow.tail_ms = 1.0;
-  const std::vector<device_timing> devs = {
-      timing_of(slow, replay_streams(slow.kernels)),
-      timing_of(fast, replay_streams(fast.kernels))};
+  const std::vector<device_timing> devs = {timing_of(slow, replay_streams(slow.kernels)),
+                                           timing_of(fast, replay_streams(fast.kernels))};
   // Bucket 1: ready 3 (slow) vs 1 (fast) -> 3; lasts max(4, 1) = 4 -> 7.
   // Bucket 2: ready 9 vs 3, after 7 -> 9; lasts max(2, 5) = 5 -> 14.
   const auto r = replay_sync(devs, {{4, 2}, {1, 5}});

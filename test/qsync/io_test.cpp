@@ -1,0 +1,139 @@
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/qsync/models.hpp"
+#include "lowbit/qsync/plan_io.hpp"
+#include "lowbit/qsync/trace_loader.hpp"
+
+using namespace lowbit::qsync;
+using Catch::Matchers::Contains;
+using json = nlohmann::json;
+
+namespace {
+const std::string data_dir = LOWBIT_TEST_DATA_DIR;
+
+training_model tiny_model() {
+  return model_from_json(read_json_file(data_dir + "/qsync_tiny_model.json"));
+}
+}  // namespace
+
+TEST_CASE("trace loader: kernels matched to user ranges by correlation, averaged") {
+  const json trace = read_json_file(data_dir + "/qsync_tiny_trace.json");
+  const trace_ranges r = read_trace_ranges(trace);
+  // fc1: 120 and 140 us; fc2: 80+20 and 90+20; backward ranges on their own thread.
+  REQUIRE(r.gpu_ms.at("fc1") == Approx(0.130));
+  REQUIRE(r.gpu_ms.at("relu") == Approx(0.030));
+  REQUIRE(r.gpu_ms.at("fc2") == Approx(0.105));
+  REQUIRE(r.gpu_ms.at("fc2.backward") == Approx(0.240));
+  REQUIRE(r.gpu_ms.at("fc1.backward") == Approx(0.210));
+  REQUIRE(r.occurrences.at("fc1") == 2);
+
+  const training_model m = tiny_model();
+  std::vector<std::string> skipped;
+  const measured_table t = measured_from_trace(trace, precision::fp32, m.graph, &skipped);
+  REQUIRE(t.find("fc1", precision::fp32)->forward_ms == Approx(0.130));
+  REQUIRE(t.find("fc1", precision::fp32)->backward_ms == Approx(0.210));
+  REQUIRE(t.find("relu", precision::fp32)->backward_ms == -1);  // not traced: roofline
+  REQUIRE(t.find("fc1", precision::fp16) == nullptr);
+  REQUIRE(std::find(skipped.begin(), skipped.end(), "ProfilerStep#1") != skipped.end());
+  const cost_model cm(t4(), t);
+  REQUIRE(cm.time(m.graph.at(1), precision::fp32).forward_ms == Approx(0.030));
+  REQUIRE(cm.time(m.graph.at(1), precision::fp32).backward_ms > 0);
+}
+
+TEST_CASE("trace loader: gpu_user_annotation ranges are used directly") {
+  const json trace = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "fc1", "ts": 5, "dur": 300, "pid": 0, "tid": 7},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "fc1", "ts": 905, "dur": 100, "pid": 0, "tid": 7},
+    {"ph": "i", "cat": "instant", "name": "marker", "ts": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "fc1", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+  ]})");
+  REQUIRE(read_trace_ranges(trace).gpu_ms.at("fc1") == Approx(0.2));
+  REQUIRE_THROWS_WITH(read_trace_ranges(json::parse(R"({"events": []})")),
+                      Contains("no \"traceEvents\""));
+  REQUIRE_THROWS_WITH(read_trace_ranges(json::parse(R"([{"ph": "X", "cat": "kernel"}])")),
+                      Contains("malformed trace event #0"));
+}
+
+TEST_CASE("model JSON: ops, kinds, allowed precisions and stats") {
+  const training_model m = tiny_model();
+  REQUIRE(m.name == "tiny-mlp");
+  REQUIRE(m.graph.size() == 3);
+  REQUIRE(m.optimizer_bytes_per_param == 4);
+  REQUIRE(m.graph.at(2).stats.input_absmax == 6);
+  REQUIRE(m.graph.at(1).kind == op_kind::relu);
+}
+
+TEST_CASE("model JSON errors name the place") {
+  auto parse = [](const char* text) { return model_from_json(json::parse(text)); };
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"}, {"name": "b", "inputs": ["zz"]}]})"),
+                      Contains("op 'b' has unknown input op 'zz'"));
+  REQUIRE_THROWS_WITH(
+      parse(R"({"ops": [{"name": "a", "inputs": ["b"]}, {"name": "b", "inputs": ["a"]}]})"),
+      Contains("cycle in the op graph"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"}, {"name": "b", "kind": "warp"}]})"),
+                      Contains("ops[1] ('b')") && Contains("unknown op kind 'warp'"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "flops": "many"}]})"),
+                      Contains("ops[0] ('a')"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "allowed": ["fp4"]}]})"),
+                      Contains("unknown precision 'fp4'"));
+  REQUIRE_THROWS_WITH(parse(R"({"layers": []})"), Contains("no \"ops\" array"));
+}
+
+TEST_CASE("malformed JSON files are reported with the file and byte") {
+  const std::string path = "qsync_io_test_malformed.json";
+  std::ofstream(path) << "{\"ops\": [ {\"name\": \"a\",, } ]}";
+  REQUIRE_THROWS_WITH(read_json_file(path),
+                      Contains("malformed JSON in 'qsync_io_test_malformed.json' at byte"));
+  std::remove(path.c_str());
+  REQUIRE_THROWS_WITH(read_json_file("no/such/file.json"), Contains("cannot open"));
+}
+
+TEST_CASE("cluster JSON: built-ins, overrides, a trace and a measured table") {
+  const training_model m = tiny_model();
+  const cluster c =
+      cluster_from_json(read_json_file(data_dir + "/qsync_tiny_cluster.json"), m.graph, data_dir);
+  REQUIRE(c.world_size() == 4);
+  REQUIRE(c.link.bandwidth_gbs == Approx(3.125));
+  REQUIRE(c.link.latency_ms == 0.05);
+  REQUIRE(c.groups[0].device.name == "T4");
+  REQUIRE(c.groups[0].device.memory_gib == 15);
+  REQUIRE(c.groups[0].measured.find("fc2", precision::fp32)->forward_ms == Approx(0.105));
+  REQUIRE(c.groups[1].measured.find("fc1", precision::fp16)->backward_ms == 0.04);
+  REQUIRE_THROWS_WITH(
+      cluster_from_json(json::parse(R"({"link": "nvlink4", "groups": [{"device": "TPU"}]})"),
+                        m.graph),
+      Contains("groups[0]") || Contains("unknown device 'TPU'"));
+  REQUIRE_THROWS_WITH(
+      cluster_from_json(json::parse(R"({"link": "nvlink4", "groups": [{"device": "T4",
+          "measured": {"fc9": {"fp16": {"forward_ms": 1}}}}]})"),
+                        m.graph),
+      Contains("unknown op 'fc9'"));
+  REQUIRE_THROWS_WITH(cluster_from_json(json::parse(R"({"link": "nvlink4", "groups": [{"device":
+          {"base": "T4", "peak_tflops": {"fp5": 1}}}]})"),
+                                        m.graph),
+                      Contains("unknown precision 'fp5'"));
+}
+
+TEST_CASE("plan JSON carries every op's precision and every bucket's bits") {
+  const training_model m = tiny_model();
+  const cluster c =
+      cluster_from_json(read_json_file(data_dir + "/qsync_tiny_cluster.json"), m.graph, data_dir);
+  const simulator sim(m, c);
+  const std::vector<int> bits = {4, 8, 16, 32};
+  const allocation_problem pb(sim, indicator_scores(sim, bits), bits, default_target_ms(sim, bits));
+  const allocation a = greedy_allocate(pb);
+  const json j = plan_to_json(sim, a);
+  REQUIRE(j["model"] == "tiny-mlp");
+  REQUIRE(j["groups"].size() == 2);
+  REQUIRE(j["groups"][0]["ops"].size() == 3);
+  REQUIRE(j["groups"][0]["ops"]["fc1"] == to_string(a.result.precisions[0][0]));
+  REQUIRE(j["buckets"].size() == sim.buckets().size());
+  REQUIRE(j["buckets"][0]["bits"] == a.result.bucket_bits[0]);
+  REQUIRE(j["predicted_iteration_ms"].get<double>() == Approx(a.eval.iteration_ms()));
+}

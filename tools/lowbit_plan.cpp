@@ -1,0 +1,241 @@
+// lowbit-plan: chooses per-op precisions per device and per-bucket communication bits
+// for a model on a cluster, and compares the plan with uniform-precision baselines.
+//
+// Exit codes: 0 a plan was written, 2 bad input (the message names the place), 1 any
+// other failure.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/qsync/qsync.hpp"
+
+namespace {
+
+using namespace lowbit::qsync;
+
+constexpr const char* usage = R"(usage: lowbit-plan [options]
+
+Plans mixed precision for data-parallel training on a (hybrid) cluster: a precision
+for every operator on every device type and a bit-width for every gradient bucket,
+minimising QSync's perturbation indicator under an iteration-time target and each
+device's memory.
+
+options:
+  --model NAME|FILE     resnet50 (default), bert-base, or a model JSON file
+  --cluster NAME|FILE   t4v100 (default: 4x T4 + 4x V100, 25 Gb/s Ethernet),
+                        h200x2 (2x H200, NVLink), or a cluster JSON file
+  --batch N             per-GPU batch of a built-in model (resnet50: 32, bert-base: 8)
+  --seq N               sequence length of bert-base (default 384)
+  --target-ms X         iteration-time target; default: the fastest device type's
+                        full-precision compute time, or the fastest uniform plan's
+                        time if that is slower
+  --comm-bits LIST      candidate bucket bit-widths, ascending (default 4,8,16,32;
+                        16 = bf16, 32 = fp32)
+  --solver greedy|exact greedy (default) or the exact branch and bound (small models)
+  --out FILE            write the plan as JSON
+  --all-ops             list parameter-free ops too (they follow their input)
+  --help                this text
+
+exit status: 0 plan written, 2 bad input (unknown op, cycle, infeasible memory,
+malformed JSON, bad option), 1 other errors.
+)";
+
+// A command-line mistake: reported like bad input (exit 2) with the usage hint.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  std::string model = "resnet50", cluster_name = "t4v100", out, solver = "greedy";
+  int batch = 0, seq = 384;
+  double target_ms = 0;
+  std::vector<int> comm_bits = {4, 8, 16, 32};
+  bool all_ops = false, help = false;
+};
+
+double to_number(const std::string& flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw usage_error(flag + ": expected a number, got '" + text + "'");
+}
+
+options parse_args(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+    } else if (a == "--model") {
+      o.model = value();
+    } else if (a == "--cluster") {
+      o.cluster_name = value();
+    } else if (a == "--batch") {
+      o.batch = static_cast<int>(to_number(a, value()));
+    } else if (a == "--seq") {
+      o.seq = static_cast<int>(to_number(a, value()));
+    } else if (a == "--target-ms") {
+      o.target_ms = to_number(a, value());
+      if (!(o.target_ms > 0)) throw usage_error("--target-ms must be positive");
+    } else if (a == "--comm-bits") {
+      o.comm_bits.clear();
+      std::stringstream ss(value());
+      for (std::string item; std::getline(ss, item, ',');)
+        o.comm_bits.push_back(static_cast<int>(to_number(a, item)));
+    } else if (a == "--solver") {
+      o.solver = value();
+      if (o.solver != "greedy" && o.solver != "exact")
+        throw usage_error("--solver must be greedy or exact, got '" + o.solver + "'");
+    } else if (a == "--out") {
+      o.out = value();
+    } else if (a == "--all-ops") {
+      o.all_ops = true;
+    } else {
+      throw usage_error("unknown option '" + a + "'");
+    }
+  }
+  return o;
+}
+
+bool is_json_file(const std::string& s) {
+  return s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0;
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+training_model load_model(const options& o) {
+  if (is_json_file(o.model)) return model_from_json(read_json_file(o.model));
+  if (o.model == "resnet50") return resnet50(o.batch > 0 ? o.batch : 32);
+  if (o.model == "bert-base") return bert_base(o.batch > 0 ? o.batch : 8, o.seq);
+  return builtin_model(o.model);  // throws, listing the built-ins
+}
+
+cluster load_cluster(const options& o, const op_graph& g) {
+  if (is_json_file(o.cluster_name))
+    return cluster_from_json(read_json_file(o.cluster_name), g, dir_of(o.cluster_name));
+  return builtin_cluster(o.cluster_name);
+}
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+void print_row(const simulator& sim, const std::string& label, const evaluation& e) {
+  std::printf("  %-34s %10.2f", label.c_str(), e.iteration_ms());
+  for (std::size_t g = 0; g < sim.group_count(); ++g)
+    std::printf(" %9.2f%s", e.groups[g].memory.total() / gib, e.groups[g].fits ? " " : "!");
+  std::printf("\n");
+}
+
+int run(const options& o) {
+  const training_model model = load_model(o);
+  const cluster hw = load_cluster(o, model.graph);
+  const simulator sim(model, hw);
+  const op_graph& g = sim.graph();
+
+  std::size_t decisions = 0;
+  for (const auto& op : g.ops()) decisions += op.has_params() ? 1 : 0;
+  std::string devices;
+  for (const auto& grp : hw.groups)
+    devices += (devices.empty() ? "" : " + ") + std::to_string(grp.count) + "x " + grp.device.name;
+  std::printf("lowbit-plan: %s on %s (%s over %s, %.3g GB/s)\n", model.name.c_str(),
+              hw.name.c_str(), devices.c_str(), hw.link.name.c_str(), hw.link.bandwidth_gbs);
+  std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
+              decisions, g.total_params() / 1e6, sim.buckets().size());
+
+  const double target = o.target_ms > 0 ? o.target_ms : default_target_ms(sim, o.comm_bits);
+  const allocation_problem pb(sim, indicator_scores(sim, o.comm_bits), o.comm_bits, target);
+  const allocation a = o.solver == "exact" ? exact_allocate(pb) : greedy_allocate(pb);
+  std::printf("  target %.2f ms%s, %s solver, %zu plans predicted\n\n", target,
+              o.target_ms > 0 ? "" : " (default)", o.solver.c_str(), a.evaluations);
+
+  std::printf("  %-34s %10s", "plan", "iter ms");
+  for (const auto& grp : hw.groups) std::printf(" %9s", (grp.device.name + " GiB").c_str());
+  std::printf("\n");
+  const int low = o.comm_bits.front();
+  print_row(sim, "uniform fp32, fp32 buckets", sim.evaluate(sim.uniform(precision::fp32, 32)));
+  print_row(sim, "uniform fp16, fp32 buckets", sim.evaluate(sim.uniform(precision::fp16, 32)));
+  print_row(sim, "uniform lowest, fp32 buckets", sim.evaluate(sim.uniform(precision::int8, 32)));
+  print_row(sim, "uniform lowest, " + std::to_string(low) + "-bit buckets",
+            sim.evaluate(sim.uniform(precision::int8, low)));
+  print_row(sim, std::string("lowbit plan (") + o.solver + ")", a.eval);
+  std::printf("  usable memory:%32s", "");
+  for (const auto& grp : hw.groups) std::printf(" %9.2f ", grp.device.usable_bytes() / gib);
+  std::printf("\n");
+  if (!a.target_met)
+    std::printf("\n  warning: no plan meets %.2f ms; this is the fastest uniform plan\n", target);
+
+  std::printf("\n  buckets (all-reduce in this order):\n  %4s %12s %5s %10s %10s\n", "#",
+              "gradients", "bits", "start ms", "end ms");
+  for (std::size_t k = 0; k < sim.buckets().size(); ++k)
+    std::printf("  %4zu %12.0f %5d %10.2f %10.2f\n", k, sim.buckets()[k].numel,
+                a.result.bucket_bits[k], a.eval.times.bucket_start[k], a.eval.times.bucket_end[k]);
+
+  std::printf("\n  precision per op and device type%s:\n  %-36s",
+              o.all_ops ? "" : " (ops with parameters)", "op");
+  for (const auto& grp : hw.groups) std::printf(" %6s", grp.device.name.c_str());
+  std::printf("\n");
+  std::vector<std::map<std::string, int>> counts(hw.groups.size());
+  for (std::size_t i : g.topo_order()) {
+    for (std::size_t gr = 0; gr < hw.groups.size(); ++gr)
+      if (g.at(i).has_params()) ++counts[gr][to_string(a.result.precisions[gr][i])];
+    if (!o.all_ops && !g.at(i).has_params()) continue;
+    std::printf("  %-36s", g.at(i).name.c_str());
+    for (std::size_t gr = 0; gr < hw.groups.size(); ++gr)
+      std::printf(" %6s", to_string(a.result.precisions[gr][i]));
+    std::printf("\n");
+  }
+  std::printf("\n  summary:");
+  for (std::size_t gr = 0; gr < hw.groups.size(); ++gr) {
+    std::printf(" %s", hw.groups[gr].device.name.c_str());
+    for (const auto& [p, n] : counts[gr]) std::printf(" %s=%d", p.c_str(), n);
+    std::printf(gr + 1 < hw.groups.size() ? ";" : "\n");
+  }
+  if (!o.out.empty()) {
+    std::ofstream out(o.out);
+    if (!out) throw usage_error("cannot write '" + o.out + "'");
+    out << plan_to_json(sim, a).dump(2) << "\n";
+    std::printf("  plan written to %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const options o = parse_args(argc, argv);
+    if (o.help) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    return run(o);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "lowbit-plan: %s\n(try --help)\n", e.what());
+    return 2;
+  } catch (const lowbit::invalid_argument& e) {
+    std::fprintf(stderr, "lowbit-plan: bad input: %s\n", e.what());
+    return 2;
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "lowbit-plan: bad input: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lowbit-plan: error: %s\n", e.what());
+    return 1;
+  }
+}
