@@ -15,7 +15,7 @@ TEST_CASE("shards are whole blocks that cover the tensor once, in rank order") {
         for (int p = 0; p < P; ++p) {
           const auto s = schedule::shard(count, block, P, p);
           CHECK(s.begin == next);
-          CHECK(s.begin % block == 0);
+          if (s.count > 0) CHECK(s.begin % block == 0);  // empty shards sit at the end
           if (s.end() != count) CHECK(s.count % block == 0);  // only the last one is partial
           if (p == 0) biggest = s.count;
           CHECK(s.count <= biggest + 0);  // the first shard is the largest
@@ -42,7 +42,7 @@ TEST_CASE("pieces cut a shard into whole blocks, and chunks never outnumber bloc
         for (int k = 0; k < K; ++k) {
           const auto pc = schedule::piece(s, block, K, k);
           CHECK(pc.begin == next);
-          CHECK(pc.begin % block == 0);
+          if (pc.count > 0) CHECK(pc.begin % block == 0);
           next = pc.end();
         }
         CHECK(next == s.end());

@@ -62,13 +62,16 @@ struct stage2_only {
   static constexpr const char* name = "stage2";
 };
 
-/// EF21 (Richtarik et al. 2021). The worker state g_i has storage R; the replicated
-/// state g (which is the output) is always fp32.
+/// EF21 (Richtarik et al. 2021): worker state g_i and replicated state g (the output),
+/// both fp32. R must be float: EF21 needs sum_i g_i == P * g, i.e. every increment a
+/// rank sends must land in its g_i exactly; in bf16 the increment x - g_i never reaches
+/// 0 (x is not a bf16 value), the rank keeps sending it, and g drifts linearly.
 template <class R = float, bool Stage2 = true>
 struct ef21 {
-  static_assert(is_element_type_v<R>,
-                "lowbit::feedback::ef21<R>: the storage type R must be float, __half or "
-                "__nv_bfloat16");
+  static_assert(std::is_same_v<R, float>,
+                "lowbit::feedback::ef21<R>: the worker state must be float: with a narrower "
+                "type g_i cannot reach x, the residual increment is re-sent every step and "
+                "the replicated g drifts (use feedback::residual<__nv_bfloat16> to save memory)");
   static constexpr bool is_feedback_policy = true;
   static constexpr bool worker = true;
   static constexpr bool replicated = true;

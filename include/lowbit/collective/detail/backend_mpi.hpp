@@ -23,7 +23,7 @@ struct backend_impl<backend::mpi> {
   template <class U>
   using buffer = host_buffer<U>;
 
-  backend_impl(const comm_type& comm, int /*events*/)
+  backend_impl(const comm_type& comm, int /*events*/, int /*streams*/)
       : comm_(&comm),
         sc_(static_cast<std::size_t>(comm.size())),
         sd_(sc_.size()),

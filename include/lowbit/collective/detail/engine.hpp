@@ -54,20 +54,25 @@ struct codec_list {};
 /// of n values is at most nb*(meta + codes) + 30 bytes (two 16-byte alignments); the
 /// pieces of all shards hold each block once; a rank's shard has at most
 /// ceil(nblocks/P) blocks and its pieces at most K more than that in total.
-template <class Codec>
 struct capacity {
   std::size_t send = 0, recv = 0, gather = 0, shard = 0;
-  capacity(std::size_t max_count, int ranks, int chunks) {
+};
+
+template <class Codec>
+capacity capacity_of(std::size_t max_count, int ranks, int chunks) {
+  capacity c;
+  {
     const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
     const std::size_t nblocks = Codec::num_blocks(max_count);
     const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
     const std::size_t shard_blocks = (nblocks + P - 1) / P;
-    send = nblocks * block_bytes + 32 * K * P;
-    recv = P * ((shard_blocks + K) * block_bytes + 32 * K);
-    gather = recv;
-    shard = std::min(max_count, shard_blocks * static_cast<std::size_t>(Codec::block_size));
+    c.send = nblocks * block_bytes + 32 * K * P;
+    c.recv = P * ((shard_blocks + K) * block_bytes + 32 * K);
+    c.gather = c.recv;
+    c.shard = std::min(max_count, shard_blocks * static_cast<std::size_t>(Codec::block_size));
   }
-};
+  return c;
+}
 
 /// Plans, workspace and feedback state of one collective object, and the three
 /// schedules. `Codecs` lists every codec a call may use (one for a fixed width, the
@@ -84,22 +89,20 @@ class engine {
 
   engine(const comm_type& comm, std::size_t max_count, const collective_options& opts,
          const char* who)
-      : be_(checked(comm, who), Schedule::max_chunks * num_phases + 1),
+      : be_(checked(comm, who), Schedule::max_chunks * num_phases, Schedule::streams),
         max_count_(max_count),
         opts_(opts),
         step_(opts.first_step),
         P_(comm.size()),
         rank_(comm.rank()) {
     std::size_t send = 0, recv = 0, gather = 0, shard = 0;
-    (
-        [&] {
-          const capacity<Codecs> c(max_count, P_, Schedule::max_chunks);
-          send = std::max(send, c.send);
-          recv = std::max(recv, c.recv);
-          gather = std::max(gather, c.gather);
-          shard = std::max(shard, c.shard);
-        }(),
-        ...);
+    const capacity caps[] = {capacity_of<Codecs>(max_count, P_, Schedule::max_chunks)...};
+    for (const auto& c : caps) {
+      send = std::max(send, c.send);
+      recv = std::max(recv, c.recv);
+      gather = std::max(gather, c.gather);
+      shard = std::max(shard, c.shard);
+    }
     impl::check_sizes(send, recv, gather);
     send_ = buffer<std::byte>(send);
     recv_ = buffer<std::byte>(recv);
