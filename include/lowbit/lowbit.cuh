@@ -2,3 +2,4 @@
 #pragma once
 
 #include "lowbit/lowbit.hpp"
+#include "lowbit/kernels/kernels.cuh"

@@ -37,7 +37,12 @@ __device__ __forceinline__ void load_group_values(const T* tile, std::size_t til
     tile_t::load_scalar(tile, tile_n, s, lane, r);
   }
   LOWBIT_UNROLL
-  for (int i = 0; i < 32; ++i) c[i] = i < valid ? to_float(raw_bits<T>::get(r.w, i)) : 0.0f;
+  for (int i = 0; i < 32; ++i) c[i] = to_float(raw_bits<T>::get(r.w, i));
+  if (valid < 32) {
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i)
+      if (i >= valid) c[i] = 0.0f;
+  }
 }
 
 /// The lane's feedback state in registers, staged in and out of a state array.

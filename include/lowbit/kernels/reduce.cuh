@@ -87,9 +87,11 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         for (int i = 0; i < 32; ++i)
           c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], m));
       }
-      LOWBIT_UNROLL
-      for (int i = 0; i < 32; ++i)
-        if (i >= valid) c[i] = 0.0f;
+      if (valid < 32) {
+        LOWBIT_UNROLL
+        for (int i = 0; i < 32; ++i)
+          if (i >= valid) c[i] = 0.0f;
+      }
     }
 
     if (reduced_out != nullptr) {

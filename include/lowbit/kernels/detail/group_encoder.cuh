@@ -3,6 +3,7 @@
 // feedback update; the same LOWBIT_HD codec calls, in the same order, as the host.
 #pragma once
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -38,6 +39,55 @@ __device__ __forceinline__ void quantize_all(const float (&c)[32],
   Codec::quantize_group(c, 32, p, key, index, codes);
 }
 
+/// Exact statistics of a lane's quantizer block: bit for bit what the host's left fold
+/// of block_stats::add over the block computes.
+///
+/// Fast path, 3 instructions a value: fminf/fmaxf and a NaN sentinel (x * 0 is NaN
+/// exactly for inf and nan). For a block free of inf/nan whose min and max are nonzero,
+/// these are the host's values with the host's bits (equal nonzero floats have equal
+/// bits). Otherwise (a poisoned block, or a zero extreme, where the host's +0/-0 depends
+/// on element order) the warp recomputes with block_stats itself and an ordered merge.
+template <class Layout>
+__device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[32], int valid,
+                                                               int lane) {
+  float mn = FLT_MAX, mx = -FLT_MAX, sentinel = 0.0f;
+  if (valid == 32) {
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      mn = fminf(mn, c[i]);
+      mx = fmaxf(mx, c[i]);
+      sentinel = fmaf(c[i], 0.0f, sentinel);
+    }
+  } else {
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      if (i < valid) {
+        mn = fminf(mn, c[i]);
+        mx = fmaxf(mx, c[i]);
+        sentinel = fmaf(c[i], 0.0f, sentinel);
+      }
+    }
+  }
+  LOWBIT_UNROLL
+  for (int d = 1; d < Layout::lanes_per_block; d <<= 1) {
+    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, d));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    sentinel = sentinel + __shfl_xor_sync(0xffffffffu, sentinel, d);
+  }
+  const bool exact = !(sentinel != sentinel) && mn != 0.0f && mx != 0.0f;
+  quant::block_stats stats;
+  if (__all_sync(0xffffffffu, exact)) {
+    stats.min = mn;
+    stats.max = mx;
+  } else {
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i)
+      if (i < valid) stats.add(c[i]);
+    stats = reduce_block_stats<Layout::lanes_per_block>(stats, lane);
+  }
+  return stats;
+}
+
 /// Encodes one lane's group. Every lane of the warp calls it (the statistics are
 /// reduced with shuffles); lanes with `live` false (idle layout lanes, blocks past the
 /// end) contribute nothing and write nothing.
@@ -60,17 +110,7 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
       if (i < valid) c[i] = fb.load(static_cast<std::size_t>(i), c[i]);
   }
 
-  quant::block_stats stats;
-  if (valid == G) {
-    LOWBIT_UNROLL
-    for (int i = 0; i < G; ++i) stats.add(c[i]);
-  } else {
-    LOWBIT_UNROLL
-    for (int i = 0; i < G; ++i)
-      if (i < valid) stats.add(c[i]);
-  }
-  stats = reduce_block_stats<Layout::lanes_per_block>(stats, lane);
-
+  const quant::block_stats stats = block_statistics<Layout>(c, valid, lane);
   const auto meta = quantizer::make_meta(stats);
   const auto params = quantizer::make_params(meta);
   std::uint32_t codes[G];
