@@ -1,0 +1,325 @@
+// Throughput of the CUDA codec kernels on one GPU: encode, decode and
+// decode-accumulate-encode (P = 2) for fp32 and bf16 inputs of 1 MiB .. 1 GiB at widths
+// 1, 2, 4, 8 (absmax, blocks of 128, round to nearest; one stochastic-rounding row set
+// at 4 bits), timed with CUDA events (Google Benchmark manual time).
+//
+// GB/s counts the bytes a pass must move through device memory (decimal):
+//   encode  count*sizeof(T) read + frame_bytes written
+//   decode  frame_bytes read + count*sizeof(T) written
+//   dae     2 frames read + 1 frame written
+// `ratio` divides it by a device-to-device cudaMemcpy of the same input size measured
+// in the same run (2 * size bytes per copy). Inputs rotate over disjoint regions of a
+// 1 GiB buffer so that small sizes are not served from L2 run after run.
+//
+// Flags: Google Benchmark's own (--benchmark_filter, --benchmark_out=...). At the end a
+// summary table is printed: op, type, bits, size, GB/s, copy GB/s, ratio, target.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "lowbit/kernels/kernels.cuh"
+
+namespace {
+
+#define BENCH_CUDA(call)                                                                  \
+  do {                                                                                    \
+    cudaError_t s_ = (call);                                                              \
+    if (s_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(s_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t max_bytes = 1024 * MiB;
+
+/// Pseudo-random gradients: a hash of the index mapped to (-1, 1), times a per-block
+/// scale between 2^-8 and 2^8, so the codec sees real data, never zeros.
+template <class T>
+__global__ void fill(T* x, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x85EBCA77u;
+    h ^= h >> 13;
+    std::uint32_t b = static_cast<std::uint32_t>(i >> 7) * 0xC2B2AE3Du ^ seed;
+    b ^= b >> 16;
+    const float u = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    const float scale = exp2f(static_cast<float>(static_cast<int>(b % 17) - 8));
+    x[i] = lowbit::from_float<T>(u * scale);
+  }
+}
+
+struct buffers {
+  void* in = nullptr;       // 1 GiB of fp32 input
+  void* in_bf16 = nullptr;  // 1 GiB of bf16 input
+  void* out = nullptr;     // 1 GiB output
+  std::byte* frames = nullptr;  // room for 2 frames of 1 GiB of fp32 at 8 bits + rotation
+  std::size_t frames_bytes = 0;
+  cudaEvent_t start{}, stop{};
+};
+buffers& bufs() {
+  static buffers b;
+  return b;
+}
+
+/// Times `op(iteration)` with CUDA events, one iteration per benchmark iteration; sets
+/// the counters from the bytes moved.
+void run_timed(benchmark::State& state, double bytes, double copy_gbps,
+               const std::function<void(std::size_t)>& op) {
+  auto& b = bufs();
+  for (int w = 0; w < 3; ++w) op(static_cast<std::size_t>(w));  // warm-up
+  BENCH_CUDA(cudaDeviceSynchronize());
+  double seconds = 0.0;
+  std::size_t it = 0;
+  for (auto _ : state) {
+    BENCH_CUDA(cudaEventRecord(b.start));
+    op(it++);
+    BENCH_CUDA(cudaEventRecord(b.stop));
+    BENCH_CUDA(cudaEventSynchronize(b.stop));
+    float ms = 0.0f;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, b.start, b.stop));
+    state.SetIterationTime(ms * 1e-3);
+    seconds += ms * 1e-3;
+  }
+  const double gbps = bytes * static_cast<double>(it) / seconds / 1e9;
+  state.counters["GB/s"] = gbps;
+  state.counters["copy_GB/s"] = copy_gbps;
+  state.counters["ratio"] = copy_gbps > 0 ? gbps / copy_gbps : 0.0;
+  state.counters["bytes"] = bytes;
+}
+
+/// Regions of `size` bytes to rotate over inside a buffer of `total` bytes.
+std::size_t regions(std::size_t size, std::size_t total) {
+  return std::max<std::size_t>(1, std::min<std::size_t>(8, total / std::max<std::size_t>(size, 1)));
+}
+
+/// Median device-to-device copy bandwidth (read + write) for `size` bytes.
+double copy_gbps(std::size_t size) {
+  static std::map<std::size_t, double> cache;
+  auto it = cache.find(size);
+  if (it != cache.end()) return it->second;
+  auto& b = bufs();
+  const std::size_t r = regions(size, max_bytes);
+  std::vector<float> t;
+  for (int i = 0; i < 25; ++i) {
+    const std::size_t k = static_cast<std::size_t>(i) % r;
+    BENCH_CUDA(cudaEventRecord(b.start));
+    BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(b.out) + k * size,
+                               static_cast<const char*>(b.in) + k * size, size,
+                               cudaMemcpyDeviceToDevice));
+    BENCH_CUDA(cudaEventRecord(b.stop));
+    BENCH_CUDA(cudaEventSynchronize(b.stop));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, b.start, b.stop));
+    if (i >= 5) t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  const double g = 2.0 * static_cast<double>(size) / (t[t.size() / 2] * 1e-3) / 1e9;
+  cache[size] = g;
+  return g;
+}
+
+/// The input of element type T, `offset` bytes in.
+template <class T>
+const T* input(std::size_t offset) {
+  const void* base = sizeof(T) == 4 ? bufs().in : bufs().in_bf16;
+  return reinterpret_cast<const T*>(static_cast<const char*>(base) + offset);
+}
+
+struct row {
+  std::string op, type;
+  int bits;
+  std::size_t size;
+  double gbps, copy, ratio;
+};
+/// One row per benchmark: Google Benchmark calls a benchmark several times while it
+/// sizes the iteration count, and the last call (the reported one) wins.
+struct row_table {
+  std::vector<row> rows;
+  void push_back(const row& r) {
+    for (row& old : rows)
+      if (old.op == r.op && old.type == r.type && old.bits == r.bits && old.size == r.size) {
+        old = r;
+        return;
+      }
+    rows.push_back(r);
+  }
+};
+row_table& rows() {
+  static row_table r;
+  return r;
+}
+
+template <class Codec, class T>
+void register_codec(const char* tname, std::size_t size, bool sr_only) {
+  using decoder = lowbit::codec<typename Codec::quantizer_type>;
+  const std::size_t count = size / sizeof(T);
+  const std::size_t fbytes = lowbit::align16(Codec::frame_bytes(count));
+  const int bits = Codec::bits;
+  const std::string suffix = std::string("/") + tname + "/b" + std::to_string(bits) + "/" +
+                             std::to_string(size / MiB) + "MiB";
+  const std::string enc_name = sr_only ? "encode_sr" : "encode";
+
+  benchmark::RegisterBenchmark(
+      (enc_name + suffix).c_str(),
+      [=](benchmark::State& st) {
+        auto& b = bufs();
+        const std::size_t r = std::min(regions(size, max_bytes), regions(fbytes, b.frames_bytes));
+        const double bytes = static_cast<double>(size + Codec::frame_bytes(count));
+        const double copy = copy_gbps(size);
+        run_timed(st, bytes, copy, [&](std::size_t i) {
+          const std::size_t k = i % r;
+          lowbit::kernels::encode<Codec>(
+              input<T>(k * size), count,
+              b.frames + k * fbytes, lowbit::rng_key{1, static_cast<std::uint32_t>(i), 0, 0}, 0,
+              lowbit::feedback::none_ref{}, nullptr);
+        });
+        rows().push_back({enc_name, tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+      })
+      ->UseManualTime()
+      ->MinTime(0.1)
+      ->Unit(benchmark::kMicrosecond);
+  if (sr_only) return;
+
+  benchmark::RegisterBenchmark(
+      ("decode" + suffix).c_str(),
+      [=](benchmark::State& st) {
+        auto& b = bufs();
+        const std::size_t r = std::min(regions(size, max_bytes), regions(fbytes, b.frames_bytes));
+        for (std::size_t k = 0; k < r; ++k)
+          lowbit::kernels::encode<Codec>(
+              input<T>(k * size), count,
+              b.frames + k * fbytes, lowbit::rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr);
+        const double bytes = static_cast<double>(size + Codec::frame_bytes(count));
+        const double copy = copy_gbps(size);
+        run_timed(st, bytes, copy, [&](std::size_t i) {
+          const std::size_t k = i % r;
+          lowbit::kernels::decode<decoder>(b.frames + k * fbytes, count,
+                                           reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size),
+                                           1.0f, nullptr);
+        });
+        rows().push_back({"decode", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+      })
+      ->UseManualTime()
+      ->MinTime(0.1)
+      ->Unit(benchmark::kMicrosecond);
+
+  benchmark::RegisterBenchmark(
+      ("dae_p2" + suffix).c_str(),
+      [=](benchmark::State& st) {
+        auto& b = bufs();
+        // Frames p = 0, 1 at stride fbytes, then the output frame; rotate over sets of 3.
+        const std::size_t set = 3 * fbytes;
+        const std::size_t r = std::max<std::size_t>(1, std::min<std::size_t>(8, b.frames_bytes / set));
+        for (std::size_t k = 0; k < r; ++k)
+          for (int p = 0; p < 2; ++p)
+            lowbit::kernels::encode<Codec>(
+                input<T>(0),
+                count, b.frames + k * set + p * fbytes, lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0}, 0,
+                lowbit::feedback::none_ref{}, nullptr);
+        const double bytes = 3.0 * static_cast<double>(Codec::frame_bytes(count));
+        const double copy = copy_gbps(size);
+        run_timed(st, bytes, copy, [&](std::size_t i) {
+          const std::size_t k = i % r;
+          lowbit::kernels::decode_accumulate_encode<Codec>(
+              b.frames + k * set, fbytes, 2, count, b.frames + k * set + 2 * fbytes,
+              lowbit::rng_key{2, static_cast<std::uint32_t>(i), 0, 1}, 0,
+              lowbit::feedback::none_ref{}, nullptr, nullptr);
+        });
+        rows().push_back({"dae_p2", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+      })
+      ->UseManualTime()
+      ->MinTime(0.1)
+      ->Unit(benchmark::kMicrosecond);
+}
+
+template <int Bits>
+using absmax_nearest = lowbit::codec<lowbit::quant::absmax<Bits>, lowbit::round::nearest>;
+using absmax4_sr = lowbit::codec<lowbit::quant::absmax<4>, lowbit::round::stochastic>;
+
+template <class T>
+void register_type(const char* tname, std::size_t size) {
+  register_codec<absmax_nearest<1>, T>(tname, size, false);
+  register_codec<absmax_nearest<2>, T>(tname, size, false);
+  register_codec<absmax_nearest<4>, T>(tname, size, false);
+  register_codec<absmax_nearest<8>, T>(tname, size, false);
+  register_codec<absmax4_sr, T>(tname, size, true);
+}
+
+const char* target_note(const row& r) {
+  if (r.size < 64 * MiB) return "";
+  const double target = r.op == "dae_p2" ? 0.70 : 0.80;
+  return r.ratio >= target ? "met" : "MISSED";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto& b = bufs();
+  BENCH_CUDA(cudaMalloc(&b.in, max_bytes));
+  BENCH_CUDA(cudaMalloc(&b.out, max_bytes));
+  // 8-bit frames of 1 GiB of fp32: about 0.27 GB each; room for a set of three, twice.
+  b.frames_bytes = 6 * lowbit::align16(absmax_nearest<8>::frame_bytes(max_bytes / 4)) + 4 * MiB;
+  BENCH_CUDA(cudaMalloc(&b.frames, b.frames_bytes));
+  BENCH_CUDA(cudaEventCreate(&b.start));
+  BENCH_CUDA(cudaEventCreate(&b.stop));
+  fill<float><<<2048, 256>>>(static_cast<float*>(b.in), max_bytes / 4, 12345u);
+  BENCH_CUDA(cudaGetLastError());
+  BENCH_CUDA(cudaDeviceSynchronize());
+  BENCH_CUDA(cudaMalloc(&b.in_bf16, max_bytes));
+  fill<__nv_bfloat16><<<2048, 256>>>(static_cast<__nv_bfloat16*>(b.in_bf16), max_bytes / 2, 777u);
+  BENCH_CUDA(cudaGetLastError());
+  BENCH_CUDA(cudaDeviceSynchronize());
+
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("sms", std::to_string(prop.multiProcessorCount));
+
+  for (std::size_t size = MiB; size <= max_bytes; size *= 4) {
+    benchmark::RegisterBenchmark(("copy/" + std::to_string(size / MiB) + "MiB").c_str(),
+                                 [size](benchmark::State& st) {
+                                   auto& bb = bufs();
+                                   const std::size_t r = regions(size, max_bytes);
+                                   run_timed(st, 2.0 * static_cast<double>(size), copy_gbps(size),
+                                             [&](std::size_t i) {
+                                               const std::size_t k = i % r;
+                                               cudaMemcpyAsync(static_cast<char*>(bb.out) + k * size,
+                                                               static_cast<const char*>(bb.in) + k * size,
+                                                               size, cudaMemcpyDeviceToDevice);
+                                             });
+                                 })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
+    register_type<float>("fp32", size);
+    register_type<__nv_bfloat16>("bf16", size);
+  }
+
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+
+  std::printf("\n%-10s %-5s %4s %9s %10s %10s %7s %s\n", "op", "type", "bits", "size", "GB/s",
+              "copy GB/s", "ratio", "target(>=64MiB)");
+  for (const row& r : rows().rows)
+    std::printf("%-10s %-5s %4d %6zuMiB %10.1f %10.1f %7.3f %s\n", r.op.c_str(), r.type.c_str(),
+                r.bits, r.size / MiB, r.gbps, r.copy, r.ratio, target_note(r));
+  cudaFree(b.in);
+  cudaFree(b.in_bf16);
+  cudaFree(b.out);
+  cudaFree(b.frames);
+  return 0;
+}
