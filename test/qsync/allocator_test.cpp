@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "lowbit/qsync/allocator.hpp"
@@ -109,9 +110,12 @@ std::pair<double, double> time_range(const simulator& sim, const std::vector<int
 TEST_CASE("exact solver equals brute force over all plans (random, n <= 8)") {
   auto rng = lowbit::test::rng(61);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  const std::vector<int> bits = {4, 8, 32};
   int feasible = 0;
-  for (int trial = 0; trial < 24; ++trial) {
+  for (int trial = 0; trial < 20; ++trial) {
+    // Three bit-widths on the smaller instances, two on the larger, to keep brute force
+    // (every plan predicted in full) fast under the sanitizers.
+    const std::vector<int> bits =
+        trial % 4 < 2 ? std::vector<int>{4, 8, 32} : std::vector<int>{4, 32};
     const int groups = 1 + trial % 2;
     const int ops = groups == 1 ? 3 + trial % 3 : 2 + trial % 2;
     const instance in = random_instance(rng, ops, groups, bits);
@@ -149,7 +153,7 @@ TEST_CASE("exact solver equals brute force over all plans (random, n <= 8)") {
               return c;
             }())));
   }
-  REQUIRE(feasible >= 12);
+  REQUIRE(feasible >= 10);
 }
 
 TEST_CASE("greedy: feasible and no worse than its start; equal to brute force when loose") {
@@ -260,14 +264,17 @@ TEST_CASE("built-in models plan within target and memory on the example clusters
   const std::vector<int> bits = {4, 8, 16, 32};
   for (const char* cl : {"t4v100", "h200x2"}) {
     const simulator sim(resnet50(8), builtin_cluster(cl));
+    const double fastest = sim.evaluate(fastest_uniform_plan(sim, bits.front())).iteration_ms();
     const double target = default_target_ms(sim, bits);
+    REQUIRE(default_target_ms(sim, bits) >= fastest);
     const allocation_problem pb(sim, indicator_scores(sim, bits), bits, target);
     const allocation g = greedy_allocate(pb);
     INFO(cl);
     REQUIRE(g.target_met);
     REQUIRE(g.eval.iteration_ms() <= target * (1 + 1e-9));
     REQUIRE(g.eval.fits_memory());
-    // Better (lower perturbation) than the fastest uniform plan, and faster than fp32.
+    // No slower than uniform fp32; the exact solver refuses a model this size.
     REQUIRE(g.eval.iteration_ms() <= sim.evaluate(sim.uniform(precision::fp32, 32)).iteration_ms());
+    REQUIRE_THROWS_WITH(exact_allocate(pb), Contains("for small instances"));
   }
 }

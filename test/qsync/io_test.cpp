@@ -128,11 +128,12 @@ TEST_CASE("plan JSON carries every op's precision and every bucket's bits") {
   const std::vector<int> bits = {4, 8, 16, 32};
   const allocation_problem pb(sim, indicator_scores(sim, bits), bits, default_target_ms(sim, bits));
   const allocation a = greedy_allocate(pb);
-  const json j = plan_to_json(sim, a);
+  const auto j = plan_to_json(sim, a);
   REQUIRE(j["model"] == "tiny-mlp");
   REQUIRE(j["groups"].size() == 2);
   REQUIRE(j["groups"][0]["ops"].size() == 3);
   REQUIRE(j["groups"][0]["ops"]["fc1"] == to_string(a.result.precisions[0][0]));
+  REQUIRE(j["groups"][0]["ops"].begin().key() == "fc1");  // execution order
   REQUIRE(j["buckets"].size() == sim.buckets().size());
   REQUIRE(j["buckets"][0]["bits"] == a.result.bucket_bits[0]);
   REQUIRE(j["predicted_iteration_ms"].get<double>() == Approx(a.eval.iteration_ms()));

@@ -233,12 +233,13 @@ inline double default_target_ms(const simulator& sim, const std::vector<int>& co
 /// every bucket at the lowest bits (which must fit in memory, else invalid_argument
 /// names the device). Each variable climbs a ladder of its options in rank order from
 /// there, keeping only options whose score is strictly below the previous rung (a
-/// slower option that perturbs no less is never worth it). Each round ranks every next
-/// rung by its score gain, largest first, ties by variable index, and takes the first
-/// whose predicted plan meets the target and fits; a rejected change is reverted before
-/// the next is tried. A memory rejection is final (memory only grows up a ladder); a
-/// time rejection is retried next round, since casts make time non-monotone. Stops
-/// when a round accepts nothing. The result is never worse than the start.
+/// slower option that perturbs no less is never worth it). Each pass ranks every next
+/// rung by its score gain, largest first, ties by variable index, and walks that list
+/// once, keeping each change whose predicted plan meets the target and fits and
+/// reverting each one that does not before trying the next. A memory rejection is final
+/// (memory only grows up a ladder); a time rejection is retried in the next pass, since
+/// casts make time non-monotone. Passes repeat until one keeps nothing. The result is
+/// feasible and never worse than the start.
 inline allocation greedy_allocate(const allocation_problem& pb) {
   const auto& vars = pb.variables();
   const plan start = fastest_uniform_plan(pb.sim(), pb.comm_bits().front());
@@ -274,13 +275,13 @@ inline allocation greedy_allocate(const allocation_problem& pb) {
         return a.first != b.first ? a.first > b.first : a.second < b.second;
       });
       bool accepted = false;
-      for (const auto& [gain, v] : cands) {
+      for (const auto& [gain, v] : cands) {  // one pass, in gain order
         ev.set(v, ladder[v][rung[v] + 1]);
         if (pb.feasible(ev.current())) {
           ++rung[v];
           choice[v] = ladder[v][rung[v]];
           accepted = true;
-          break;
+          continue;
         }
         const auto& x = vars[v];
         if (!x.bucket && !ev.current().groups[x.group].fits) memory_blocked[v] = true;
@@ -301,14 +302,20 @@ inline allocation greedy_allocate(const allocation_problem& pb) {
 /// could add cannot beat the incumbent, or when a memory lower bound (assigned ops at
 /// their precision, the rest at their smallest) exceeds a device. Time is checked at
 /// the leaves only: casts make it non-monotone in precision, so a partial plan gives no
-/// safe bound. Throws invalid_argument when no plan is feasible or when more than
-/// `max_evaluations` leaves would be predicted.
+/// safe bound. Throws invalid_argument when no plan is feasible, when there are more
+/// than `max_variables` decisions, or when more than `max_evaluations` leaves would be
+/// predicted: it is meant for small instances and for checking the greedy.
 inline allocation exact_allocate(const allocation_problem& pb,
-                                 std::size_t max_evaluations = 1'000'000) {
+                                 std::size_t max_evaluations = 200'000,
+                                 std::size_t max_variables = 40) {
   const simulator& sim = pb.sim();
   const op_graph& gr = sim.graph();
   const auto& vars = pb.variables();
   const std::size_t n = vars.size(), groups = sim.group_count();
+  LOWBIT_EXPECTS(n <= max_variables,
+                 "the exact solver is for small instances: " + std::to_string(n) +
+                     " decisions (limit " + std::to_string(max_variables) +
+                     "); use the greedy allocator");
   // Options of each variable, best score first (ties by option index).
   std::vector<std::vector<std::size_t>> order(n);
   std::vector<double> suffix(n + 1, 0.0);

@@ -185,34 +185,36 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
 }
 
 /// The plan as JSON: target, prediction, per group the device, count, memory and every
-/// op's precision, per bucket its bits, size, ops and predicted start and end.
-inline nlohmann::json plan_to_json(const simulator& sim, const allocation& a) {
+/// op's precision (in execution order), per bucket its bits, size, ops and predicted
+/// start and end.
+inline nlohmann::ordered_json plan_to_json(const simulator& sim, const allocation& a) {
+  using json = nlohmann::ordered_json;
   constexpr double gib = 1024.0 * 1024.0 * 1024.0;
-  nlohmann::json j;
+  json j;
   j["model"] = sim.model().name;
   j["cluster"] = sim.hardware().name;
   j["target_ms"] = a.target_ms;
   j["target_met"] = a.target_met;
   j["predicted_iteration_ms"] = a.eval.iteration_ms();
   j["score"] = a.score;
-  j["groups"] = nlohmann::json::array();
+  j["groups"] = json::array();
   for (std::size_t g = 0; g < sim.group_count(); ++g) {
     const auto& grp = sim.hardware().groups[g];
-    nlohmann::json gj;
+    json gj;
     gj["device"] = grp.device.name;
     gj["count"] = grp.count;
     gj["predicted_ms"] = a.eval.times.device_ms[g];
     gj["memory_gib"] = a.eval.groups[g].memory.total() / gib;
     gj["usable_gib"] = grp.device.usable_bytes() / gib;
-    nlohmann::json ops = nlohmann::json::object();
-    for (std::size_t i = 0; i < sim.graph().size(); ++i)
+    json ops = json::object();
+    for (std::size_t i : sim.graph().topo_order())
       ops[sim.graph().at(i).name] = to_string(a.result.precisions[g][i]);
     gj["ops"] = std::move(ops);
     j["groups"].push_back(std::move(gj));
   }
-  j["buckets"] = nlohmann::json::array();
+  j["buckets"] = json::array();
   for (std::size_t k = 0; k < sim.buckets().size(); ++k) {
-    nlohmann::json bj;
+    json bj;
     bj["bits"] = a.result.bucket_bits[k];
     bj["numel"] = sim.buckets()[k].numel;
     bj["start_ms"] = a.eval.times.bucket_start[k];
