@@ -1,0 +1,144 @@
+// The device backend: device buffers, the CUDA codec kernels, NCCL moving the frames.
+//
+// Lanes: `compute` is the caller's stream; `comm` is an internal non-blocking stream
+// when the schedule pipelines (the caller's stream otherwise). Lanes are linked by
+// events only, so a call never waits on the host and can be captured in a CUDA graph
+// (the internal stream forks from and joins back into the caller's stream).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "lowbit/collective/detail/device_buffer.cuh"
+#include "lowbit/collective/detail/engine.hpp"
+#include "lowbit/comm/nccl_comm.hpp"
+#include "lowbit/core/float_ops.hpp"
+#include "lowbit/core/numeric.hpp"
+#include "lowbit/kernels/kernels.cuh"
+
+namespace lowbit::detail {
+
+/// g[i] += delta[i]; out[i] = T(g[i]) (EF21's replicated state and output).
+template <class U>
+__global__ void accumulate_output_kernel(const float* __restrict__ delta, std::size_t n,
+                                         float* __restrict__ g, U* __restrict__ out) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float v = lowbit::detail::fadd(g[i], delta[i]);
+    g[i] = v;
+    out[i] = from_float<U>(v);
+  }
+}
+
+template <>
+struct backend_impl<backend::nccl> {
+  using comm_type = comm::nccl_comm;
+  using stream_type = cudaStream_t;
+  template <class U>
+  using buffer = device_buffer<U>;
+
+  backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
+    if (streams > 1) {
+      side_ = unique_stream::create();
+      events_.reserve(static_cast<std::size_t>(events) + 2);
+      for (int i = 0; i < events + 2; ++i) events_.push_back(unique_event::create());
+    }
+  }
+
+  static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  static void check_sizes(std::size_t, std::size_t, std::size_t) {}
+  void check_alive(const char* who) const { comm_->check(who); }
+
+  void begin(cudaStream_t stream) {
+    caller_ = stream;
+    if (side_.get()) {  // fork: the transfer stream starts after the caller's prior work
+      LOWBIT_CUDA_TRY(cudaEventRecord(fork_event(), caller_));
+      LOWBIT_CUDA_TRY(cudaStreamWaitEvent(side_.get(), fork_event(), 0));
+    }
+  }
+  void end() {
+    if (side_.get()) {  // join: the caller's stream continues after every transfer
+      LOWBIT_CUDA_TRY(cudaEventRecord(join_event(), side_.get()));
+      LOWBIT_CUDA_TRY(cudaStreamWaitEvent(caller_, join_event(), 0));
+    }
+  }
+  void signal(lane l, int e) {
+    if (side_.get()) LOWBIT_CUDA_TRY(cudaEventRecord(events_[e].get(), stream(l)));
+  }
+  void wait(lane l, int e) {
+    if (side_.get()) LOWBIT_CUDA_TRY(cudaStreamWaitEvent(stream(l), events_[e].get(), 0));
+  }
+
+  template <class Codec, class T, class Fb>
+  void encode(lane l, const T* x, std::size_t n, std::byte* frame, const rng_key& key,
+              std::uint64_t index0, Fb fb) {
+    kernels::encode<Codec, T, Fb>(x, n, frame, key, index0, fb, stream(l));
+  }
+
+  template <class Codec, class U>
+  void decode(lane l, const std::byte* frame, std::size_t n, U* out, float scale) {
+    kernels::decode<Codec, U>(frame, n, out, scale, stream(l));
+  }
+
+  template <class Codec, class Fb>
+  void reduce_encode(lane l, const std::byte* frames, std::size_t stride, int num_frames,
+                     std::size_t n, std::byte* out_frame, const rng_key& key, std::uint64_t index0,
+                     Fb fb, float* /*acc: the kernel keeps the sum in registers*/) {
+    kernels::decode_accumulate_encode<Codec, Fb>(frames, stride, num_frames, n, out_frame, key,
+                                                 index0, fb, nullptr, stream(l));
+  }
+
+  template <class Codec, class U>
+  void reduce(lane l, const std::byte* frames, std::size_t stride, int num_frames, std::size_t n,
+              U* out, float scale, float* /*acc*/) {
+    kernels::decode_accumulate<Codec, U>(frames, stride, num_frames, n, out, scale, stream(l));
+  }
+
+  template <class U>
+  void accumulate_output(lane l, const float* delta, std::size_t n, float* g, U* out) {
+    if (n == 0) return;
+    const std::size_t threads = 256, blocks = (n + threads - 1) / threads;
+    accumulate_output_kernel<U><<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535),
+                                  static_cast<unsigned>(threads), 0, stream(l)>>>(delta, n, g, out);
+    LOWBIT_CHECK_LAUNCH();
+  }
+
+  void alltoallv(lane l, const std::byte* send, const std::size_t* send_bytes,
+                 const std::size_t* send_off, std::byte* recv, const std::size_t* recv_bytes,
+                 const std::size_t* recv_off) {
+    const int P = comm_->size();
+    ncclComm_t c = comm_->get();
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < P; ++p) {
+      if (send_bytes[p] > 0)
+        LOWBIT_NCCL_TRY(ncclSend(send + send_off[p], send_bytes[p], ncclUint8, p, c, stream(l)));
+      if (recv_bytes[p] > 0)
+        LOWBIT_NCCL_TRY(ncclRecv(recv + recv_off[p], recv_bytes[p], ncclUint8, p, c, stream(l)));
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  }
+
+  /// In place: slot `rank` of buf is this rank's contribution.
+  void allgather(lane l, std::byte* buf, std::size_t slot_bytes) {
+    if (comm_->size() == 1) return;
+    LOWBIT_NCCL_TRY(ncclAllGather(buf + static_cast<std::size_t>(comm_->rank()) * slot_bytes, buf,
+                                  slot_bytes, ncclUint8, comm_->get(), stream(l)));
+  }
+
+ private:
+  cudaStream_t stream(lane l) const {
+    return l == lane::comm && side_.get() ? side_.get() : caller_;
+  }
+  cudaEvent_t fork_event() const { return events_[events_.size() - 2].get(); }
+  cudaEvent_t join_event() const { return events_[events_.size() - 1].get(); }
+
+  const comm_type* comm_;
+  cudaStream_t caller_ = nullptr;
+  unique_stream side_;
+  std::vector<unique_event> events_;
+};
+
+}  // namespace lowbit::detail

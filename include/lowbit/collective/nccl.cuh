@@ -1,0 +1,14 @@
+// The low-bit collectives on the NCCL backend (device buffers, cudaStream_t).
+//
+//   lowbit::comm::nccl_comm comm(raw_nccl_comm);          // borrowed
+//   using codec = lowbit::codec<lowbit::quant::absmax<4>, lowbit::round::stochastic>;
+//   lowbit::all_reduce<float, codec, lowbit::feedback::residual<>> reduce(comm, max_count);
+//   reduce(d_in, d_out, count, stream);                   // asynchronous on stream
+//   comm.sync(stream);                                    // raises NCCL errors, never hangs
+#pragma once
+
+#include "lowbit/collective/all_gather.hpp"
+#include "lowbit/collective/all_reduce.hpp"
+#include "lowbit/collective/detail/backend_nccl.cuh"
+#include "lowbit/collective/reduce_scatter.hpp"
+#include "lowbit/comm/nccl_comm.hpp"

@@ -1,0 +1,146 @@
+// A wrapper around a raw ncclComm_t (RAFT comms style): borrowed by default, owned on
+// request; a stream sync that polls NCCL's asynchronous error and aborts the
+// communicator instead of hanging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "lowbit/core/error.hpp"
+
+namespace lowbit::comm {
+
+/// Whether an nccl_comm destroys its handle.
+enum class ownership { borrowed, owned };
+
+/// An NCCL communicator: the raw handle, with rank and size taken from NCCL.
+///
+/// Borrowed by default: the caller (e.g. PyTorch's ProcessGroupNCCL) keeps ownership
+/// and the handle must outlive this object and every collective built on it. With
+/// ownership::owned the destructor calls ncclCommDestroy (ncclCommAbort after an
+/// error). Destroy CUDA graph execs that captured work on a communicator before
+/// destroying it: ncclCommDestroy waits for that work and can hang. Move-only.
+class nccl_comm {
+ public:
+  /// An empty communicator (size 0): collectives refuse it.
+  nccl_comm() = default;
+
+  /// Wraps `comm`; rank and size are queried from NCCL.
+  explicit nccl_comm(ncclComm_t comm, ownership own = ownership::borrowed)
+      : comm_(comm), owns_(own == ownership::owned) {
+    LOWBIT_EXPECTS(comm != nullptr, "nccl_comm: the ncclComm_t is null");
+    LOWBIT_NCCL_TRY(ncclCommUserRank(comm, &rank_));
+    LOWBIT_NCCL_TRY(ncclCommCount(comm, &size_));
+  }
+
+  nccl_comm(const nccl_comm&) = delete;
+  nccl_comm& operator=(const nccl_comm&) = delete;
+  nccl_comm(nccl_comm&& o) noexcept { swap(o); }
+  nccl_comm& operator=(nccl_comm&& o) noexcept {
+    if (this != &o) {
+      nccl_comm tmp(std::move(o));
+      swap(tmp);
+    }
+    return *this;
+  }
+  ~nccl_comm() { release(); }
+
+  /// The raw handle (nullptr when empty or aborted).
+  ncclComm_t get() const noexcept { return comm_; }
+  int rank() const noexcept { return rank_; }
+  /// Number of ranks; 0 when empty.
+  int size() const noexcept { return size_; }
+  bool owns() const noexcept { return owns_; }
+  /// True once abort() ran (after an asynchronous error, a timeout, or by request).
+  bool aborted() const noexcept { return aborted_; }
+  /// True when the communicator can carry a collective (not empty, not aborted).
+  bool valid() const noexcept { return comm_ != nullptr && size_ > 0 && !aborted_; }
+
+  /// NCCL's asynchronous error state (ncclSuccess or ncclInProgress when healthy).
+  ncclResult_t async_error() const noexcept {
+    if (comm_ == nullptr) return ncclInvalidArgument;
+    ncclResult_t r = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
+    return q != ncclSuccess ? q : r;
+  }
+
+  /// Throws lowbit::invalid_argument unless the communicator is usable: empty (size
+  /// 0), aborted, or holding an asynchronous error. Called by every collective before
+  /// it sends a byte.
+  void check(const char* who) const {
+    LOWBIT_EXPECTS(comm_ != nullptr && size_ > 0,
+                   std::string(who) + ": the NCCL communicator is empty (size 0)");
+    LOWBIT_EXPECTS(!aborted_, std::string(who) + ": the NCCL communicator was aborted");
+    const ncclResult_t e = async_error();
+    LOWBIT_EXPECTS(e == ncclSuccess || e == ncclInProgress,
+                   std::string(who) + ": the NCCL communicator is dead (asynchronous error: " +
+                       ncclGetErrorString(e) + ")");
+  }
+
+  /// Aborts the communicator: pending NCCL work is cancelled and the handle freed (a
+  /// borrowed one too: it is unusable after an error anyway). Idempotent.
+  void abort() noexcept {
+    if (comm_ != nullptr && !aborted_) {
+      ncclCommAbort(comm_);
+      aborted_ = true;
+    }
+  }
+
+  /// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy,
+  /// ncclCommGetAsyncError: on an NCCL error (or after `timeout`, if positive) the
+  /// communicator is aborted and lowbit::nccl_error thrown, instead of hanging forever
+  /// on a peer that died. A CUDA error throws lowbit::cuda_error.
+  void sync(cudaStream_t stream,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) {
+    check("nccl_comm::sync");
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t s = cudaStreamQuery(stream);
+      if (s == cudaSuccess) return;
+      if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
+      const ncclResult_t e = async_error();
+      if (e != ncclSuccess && e != ncclInProgress) {
+        abort();
+        throw nccl_error(__FILE__, __LINE__, static_cast<int>(e),
+                         std::string("nccl_comm::sync: asynchronous NCCL error, communicator "
+                                     "aborted: ") +
+                             ncclGetErrorString(e));
+      }
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
+        abort();
+        throw nccl_error(__FILE__, __LINE__, static_cast<int>(ncclSystemError),
+                         "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
+                             " ms; communicator aborted");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  void release() noexcept {
+    if (comm_ != nullptr && owns_ && !aborted_) LOWBIT_NCCL_TRY_NO_THROW(ncclCommDestroy(comm_));
+    comm_ = nullptr;
+    rank_ = size_ = 0;
+    owns_ = aborted_ = false;
+  }
+  void swap(nccl_comm& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(owns_, o.owns_);
+    std::swap(aborted_, o.aborted_);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  bool owns_ = false;
+  bool aborted_ = false;
+};
+
+}  // namespace lowbit::comm
