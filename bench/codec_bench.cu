@@ -258,6 +258,60 @@ void register_type(const char* tname, std::size_t size) {
   register_codec<absmax4_sr, T>(tname, size, true);
 }
 
+/// Launch-policy sweep at one size: the same passes under other CTA sizes and grid
+/// caps (the policy does not change the bytes written, only the speed).
+template <class Codec, class T>
+void register_policy_sweep(const char* tname, std::size_t size) {
+  using decoder = lowbit::codec<typename Codec::quantizer_type>;
+  const std::size_t count = size / sizeof(T);
+  const std::size_t fbytes = lowbit::align16(Codec::frame_bytes(count));
+  const lowbit::kernels::launch_policy policies[] = {
+      {256, 32, 2, 4}, {256, 32, 4, 8}, {128, 32, 8, 4}, {256, 32, 6, 1}, {64, 32, 16, 4}};
+  for (const auto pol : policies) {
+    const std::string suffix = std::string("/") + tname + "/b" + std::to_string(Codec::bits) + "/" +
+                               std::to_string(size / MiB) + "MiB/t" +
+                               std::to_string(pol.threads_per_block) + "x" +
+                               std::to_string(pol.blocks_per_sm) + "x" + std::to_string(pol.waves);
+    benchmark::RegisterBenchmark(("policy_encode" + suffix).c_str(), [=](benchmark::State& st) {
+      auto& b = bufs();
+      run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
+                [&](std::size_t i) {
+                  const std::size_t k = i % 2;
+                  lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
+                                                 lowbit::rng_key{}, 0, lowbit::feedback::none_ref{},
+                                                 nullptr, pol);
+                });
+    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("policy_decode" + suffix).c_str(), [=](benchmark::State& st) {
+      auto& b = bufs();
+      for (std::size_t k = 0; k < 2; ++k)
+        lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
+                                       lowbit::rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr);
+      run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
+                [&](std::size_t i) {
+                  const std::size_t k = i % 2;
+                  lowbit::kernels::decode<decoder>(
+                      b.frames + k * fbytes, count,
+                      reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size), 1.0f, nullptr, pol);
+                });
+    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("policy_dae_p2" + suffix).c_str(), [=](benchmark::State& st) {
+      auto& b = bufs();
+      for (int p = 0; p < 3; ++p)
+        lowbit::kernels::encode<Codec>(input<T>(0), count, b.frames + p * fbytes,
+                                       lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0}, 0,
+                                       lowbit::feedback::none_ref{}, nullptr);
+      run_timed(st, 3.0 * static_cast<double>(Codec::frame_bytes(count)), copy_gbps(size),
+                [&](std::size_t i) {
+                  lowbit::kernels::decode_accumulate_encode<Codec>(
+                      b.frames, fbytes, 2, count, b.frames + 3 * fbytes,
+                      lowbit::rng_key{2, static_cast<std::uint32_t>(i), 0, 1}, 0,
+                      lowbit::feedback::none_ref{}, static_cast<T*>(nullptr), 1.0f, nullptr, pol);
+                });
+    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+  }
+}
+
 const char* target_note(const row& r) {
   if (r.size < 64 * MiB) return "";
   const double target = r.op == "dae_p2" ? 0.70 : 0.80;
@@ -307,6 +361,9 @@ int main(int argc, char** argv) {
     register_type<float>("fp32", size);
     register_type<__nv_bfloat16>("bf16", size);
   }
+
+  register_policy_sweep<absmax_nearest<4>, float>("fp32", 256 * MiB);
+  register_policy_sweep<absmax_nearest<4>, __nv_bfloat16>("bf16", 256 * MiB);
 
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

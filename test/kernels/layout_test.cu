@@ -47,7 +47,7 @@ TEST_CASE("inputs and outputs off 16-byte alignment take the element-wise path",
   check_counts<codec<quant::minmax<6, 96>, round::stochastic>, float>(34, {4099}, nullptr, 2);
 }
 
-TEST_CASE("a block holding inf or nan decodes to nan; finite blocks stay finite",
+TEST_CASE("a block holding inf or nan decodes to nan and finite blocks stay finite",
           "[kernels][layout][sanitize]") {
   using C = codec<quant::absmax<4>>;
   std::vector<float> x = make_values(1024, 41, values::normal);
