@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -151,10 +152,10 @@ inline void expect_memory_fits(const simulator& sim, const evaluation& e, const 
   for (std::size_t g = 0; g < e.groups.size(); ++g) {
     const auto& dev = sim.costs(g).device();
     constexpr double gib = 1024.0 * 1024.0 * 1024.0;
-    LOWBIT_EXPECTS(e.groups[g].fits, "infeasible memory on " + dev.name + ": " + what + " needs " +
-                                         std::to_string(e.groups[g].memory.total() / gib) +
-                                         " GiB, " + std::to_string(dev.usable_bytes() / gib) +
-                                         " GiB usable");
+    char numbers[96];
+    std::snprintf(numbers, sizeof numbers, " needs %.2f GiB, %.2f GiB usable",
+                  e.groups[g].memory.total() / gib, dev.usable_bytes() / gib);
+    LOWBIT_EXPECTS(e.groups[g].fits, "infeasible memory on " + dev.name + ": " + what + numbers);
   }
 }
 

@@ -209,11 +209,15 @@ class op_graph {
           break;
         }
     }
-    // path[seen[cur]..] is the cycle, walked against the edges; print it along them.
+    // path[seen[cur]..] is the cycle walked against the edges; reverse it to follow
+    // them and start at the op listed first, so the message does not depend on where
+    // the walk began.
+    std::vector<std::size_t> cycle(path.rbegin(),
+                                   path.rend() - static_cast<std::ptrdiff_t>(seen[cur]));
+    std::rotate(cycle.begin(), std::min_element(cycle.begin(), cycle.end()), cycle.end());
     std::string text;
-    for (std::size_t k = path.size(); k-- > static_cast<std::size_t>(seen[cur]);)
-      text += "'" + ops_[path[k]].name + "' -> ";
-    text += "'" + ops_[path.back()].name + "'";
+    for (std::size_t i : cycle) text += "'" + ops_[i].name + "' -> ";
+    text += "'" + ops_[cycle.front()].name + "'";
     throw ::lowbit::invalid_argument(__FILE__, __LINE__, "cycle in the op graph: " + text);
   }
 

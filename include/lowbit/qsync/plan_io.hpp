@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,13 +22,29 @@ namespace lowbit::qsync {
 
 namespace detail {
 
-// Runs `f`, prefixing any JSON type error or lowbit error with `where`.
+// The message of a lowbit error without its leading "file:line: ", for nesting it in
+// a message that names the place in the document.
+inline std::string message_of(const std::exception& e) {
+  const std::string what = e.what();
+  const auto colon = what.find(':');
+  if (colon == std::string::npos) return what;
+  std::size_t i = colon + 1;
+  while (i < what.size() && what[i] >= '0' && what[i] <= '9') ++i;
+  if (i == colon + 1 || what.compare(i, 2, ": ") != 0) return what;
+  return what.substr(i + 2);
+}
+
+// Runs `f`, prefixing any JSON type error or lowbit error with `where` (once).
 template <class F>
 auto at_place(const std::string& where, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const nlohmann::json::exception& e) {
     throw ::lowbit::invalid_argument(__FILE__, __LINE__, where + ": " + e.what());
+  } catch (const ::lowbit::invalid_argument& e) {
+    const std::string what = message_of(e);
+    if (what.compare(0, where.size(), where) == 0) throw;
+    throw ::lowbit::invalid_argument(__FILE__, __LINE__, where + ": " + what);
   }
 }
 
@@ -67,36 +84,30 @@ inline training_model model_from_json(const nlohmann::json& j) {
                               (x.is_object() && x.contains("name") && x["name"].is_string()
                                    ? " ('" + x["name"].get<std::string>() + "')"
                                    : std::string());
-    try {
-      detail::at_place(where, [&] {
-        op o;
-        o.name = x.at("name").get<std::string>();
-        o.kind = parse_op_kind(x.value("kind", std::string("other")));
-        o.flops = detail::number_or(x, "flops", 0);
-        o.bytes = detail::number_or(x, "bytes", 0);
-        o.output_numel = detail::number_or(x, "output_numel", 0);
-        o.saved_numel = detail::number_or(x, "saved_numel", 0);
-        o.param_numel = detail::number_or(x, "param_numel", 0);
-        if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
-        if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
-        if (x.contains("stats")) {
-          const auto& s = x["stats"];
-          o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);
-          o.stats.weight_absmax = detail::number_or(s, "weight_absmax", 0);
-          o.stats.input_norm = detail::number_or(s, "input_norm", 0);
-          o.stats.input_absmax = detail::number_or(s, "input_absmax", 0);
-          o.stats.input_numel = detail::number_or(s, "input_numel", 0);
-          o.stats.grad_weight_norm = detail::number_or(s, "grad_weight_norm", 0);
-          o.stats.grad_output_absmax = detail::number_or(s, "grad_output_absmax", 0);
-          o.stats.grad_output_numel = detail::number_or(s, "grad_output_numel", 0);
-        }
-        ops.push_back(std::move(o));
-      });
-    } catch (const ::lowbit::invalid_argument& e) {
-      const std::string what = e.what();
-      if (what.find(where) != std::string::npos) throw;
-      throw ::lowbit::invalid_argument(__FILE__, __LINE__, where + ": " + what);
-    }
+    detail::at_place(where, [&] {
+      op o;
+      o.name = x.at("name").get<std::string>();
+      o.kind = parse_op_kind(x.value("kind", std::string("other")));
+      o.flops = detail::number_or(x, "flops", 0);
+      o.bytes = detail::number_or(x, "bytes", 0);
+      o.output_numel = detail::number_or(x, "output_numel", 0);
+      o.saved_numel = detail::number_or(x, "saved_numel", 0);
+      o.param_numel = detail::number_or(x, "param_numel", 0);
+      if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
+      if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
+      if (x.contains("stats")) {
+        const auto& s = x["stats"];
+        o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);
+        o.stats.weight_absmax = detail::number_or(s, "weight_absmax", 0);
+        o.stats.input_norm = detail::number_or(s, "input_norm", 0);
+        o.stats.input_absmax = detail::number_or(s, "input_absmax", 0);
+        o.stats.input_numel = detail::number_or(s, "input_numel", 0);
+        o.stats.grad_weight_norm = detail::number_or(s, "grad_weight_norm", 0);
+        o.stats.grad_output_absmax = detail::number_or(s, "grad_output_absmax", 0);
+        o.stats.grad_output_numel = detail::number_or(s, "grad_output_numel", 0);
+      }
+      ops.push_back(std::move(o));
+    });
   }
   m.graph = op_graph(std::move(ops));
   return m;
