@@ -31,13 +31,13 @@
 
 namespace {
 
-#define BENCH_CUDA(call)                                                                  \
-  do {                                                                                    \
-    cudaError_t s_ = (call);                                                              \
-    if (s_ != cudaSuccess) {                                                              \
+#define BENCH_CUDA(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t s_ = (call);                                                                      \
+    if (s_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(s_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -62,9 +62,9 @@ __global__ void fill(T* x, std::size_t n, std::uint32_t seed) {
 }
 
 struct buffers {
-  void* in = nullptr;       // 1 GiB of fp32 input
-  void* in_bf16 = nullptr;  // 1 GiB of bf16 input
-  void* out = nullptr;     // 1 GiB output
+  void* in = nullptr;           // 1 GiB of fp32 input
+  void* in_bf16 = nullptr;      // 1 GiB of bf16 input
+  void* out = nullptr;          // 1 GiB output
   std::byte* frames = nullptr;  // room for 2 frames of 1 GiB of fp32 at 8 bits + rotation
   std::size_t frames_bytes = 0;
   cudaEvent_t start{}, stop{};
@@ -181,12 +181,12 @@ void register_codec(const char* tname, std::size_t size, bool sr_only) {
         const double copy = copy_gbps(size);
         run_timed(st, bytes, copy, [&](std::size_t i) {
           const std::size_t k = i % r;
-          lowbit::kernels::encode<Codec>(
-              input<T>(k * size), count,
-              b.frames + k * fbytes, lowbit::rng_key{1, static_cast<std::uint32_t>(i), 0, 0}, 0,
-              lowbit::feedback::none_ref{}, nullptr);
+          lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
+                                         lowbit::rng_key{1, static_cast<std::uint32_t>(i), 0, 0}, 0,
+                                         lowbit::feedback::none_ref{}, nullptr);
         });
-        rows().push_back({enc_name, tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+        rows().push_back(
+            {enc_name, tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
       })
       ->UseManualTime()
       ->MinTime(0.1)
@@ -199,18 +199,19 @@ void register_codec(const char* tname, std::size_t size, bool sr_only) {
         auto& b = bufs();
         const std::size_t r = std::min(regions(size, max_bytes), regions(fbytes, b.frames_bytes));
         for (std::size_t k = 0; k < r; ++k)
-          lowbit::kernels::encode<Codec>(
-              input<T>(k * size), count,
-              b.frames + k * fbytes, lowbit::rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr);
+          lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
+                                         lowbit::rng_key{}, 0, lowbit::feedback::none_ref{},
+                                         nullptr);
         const double bytes = static_cast<double>(size + Codec::frame_bytes(count));
         const double copy = copy_gbps(size);
         run_timed(st, bytes, copy, [&](std::size_t i) {
           const std::size_t k = i % r;
-          lowbit::kernels::decode<decoder>(b.frames + k * fbytes, count,
-                                           reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size),
-                                           1.0f, nullptr);
+          lowbit::kernels::decode<decoder>(
+              b.frames + k * fbytes, count,
+              reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size), 1.0f, nullptr);
         });
-        rows().push_back({"decode", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+        rows().push_back(
+            {"decode", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
       })
       ->UseManualTime()
       ->MinTime(0.1)
@@ -222,13 +223,13 @@ void register_codec(const char* tname, std::size_t size, bool sr_only) {
         auto& b = bufs();
         // Frames p = 0, 1 at stride fbytes, then the output frame; rotate over sets of 3.
         const std::size_t set = 3 * fbytes;
-        const std::size_t r = std::max<std::size_t>(1, std::min<std::size_t>(8, b.frames_bytes / set));
+        const std::size_t r =
+            std::max<std::size_t>(1, std::min<std::size_t>(8, b.frames_bytes / set));
         for (std::size_t k = 0; k < r; ++k)
           for (int p = 0; p < 2; ++p)
-            lowbit::kernels::encode<Codec>(
-                input<T>(0),
-                count, b.frames + k * set + p * fbytes, lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0}, 0,
-                lowbit::feedback::none_ref{}, nullptr);
+            lowbit::kernels::encode<Codec>(input<T>(0), count, b.frames + k * set + p * fbytes,
+                                           lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0},
+                                           0, lowbit::feedback::none_ref{}, nullptr);
         const double bytes = 3.0 * static_cast<double>(Codec::frame_bytes(count));
         const double copy = copy_gbps(size);
         run_timed(st, bytes, copy, [&](std::size_t i) {
@@ -238,7 +239,8 @@ void register_codec(const char* tname, std::size_t size, bool sr_only) {
               lowbit::rng_key{2, static_cast<std::uint32_t>(i), 0, 1}, 0,
               lowbit::feedback::none_ref{}, nullptr, nullptr);
         });
-        rows().push_back({"dae_p2", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+        rows().push_back(
+            {"dae_p2", tname, bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
       })
       ->UseManualTime()
       ->MinTime(0.1)
@@ -272,43 +274,61 @@ void register_policy_sweep(const char* tname, std::size_t size) {
                                std::to_string(size / MiB) + "MiB/t" +
                                std::to_string(pol.threads_per_block) + "x" +
                                std::to_string(pol.blocks_per_sm) + "x" + std::to_string(pol.waves);
-    benchmark::RegisterBenchmark(("policy_encode" + suffix).c_str(), [=](benchmark::State& st) {
-      auto& b = bufs();
-      run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
-                [&](std::size_t i) {
-                  const std::size_t k = i % 2;
-                  lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
-                                                 lowbit::rng_key{}, 0, lowbit::feedback::none_ref{},
-                                                 nullptr, pol);
-                });
-    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("policy_decode" + suffix).c_str(), [=](benchmark::State& st) {
-      auto& b = bufs();
-      for (std::size_t k = 0; k < 2; ++k)
-        lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
-                                       lowbit::rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr);
-      run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
-                [&](std::size_t i) {
-                  const std::size_t k = i % 2;
-                  lowbit::kernels::decode<decoder>(
-                      b.frames + k * fbytes, count,
-                      reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size), 1.0f, nullptr, pol);
-                });
-    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("policy_dae_p2" + suffix).c_str(), [=](benchmark::State& st) {
-      auto& b = bufs();
-      for (int p = 0; p < 3; ++p)
-        lowbit::kernels::encode<Codec>(input<T>(0), count, b.frames + p * fbytes,
-                                       lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0}, 0,
-                                       lowbit::feedback::none_ref{}, nullptr);
-      run_timed(st, 3.0 * static_cast<double>(Codec::frame_bytes(count)), copy_gbps(size),
-                [&](std::size_t i) {
-                  lowbit::kernels::decode_accumulate_encode<Codec>(
-                      b.frames, fbytes, 2, count, b.frames + 3 * fbytes,
-                      lowbit::rng_key{2, static_cast<std::uint32_t>(i), 0, 1}, 0,
-                      lowbit::feedback::none_ref{}, static_cast<T*>(nullptr), 1.0f, nullptr, pol);
-                });
-    })->UseManualTime()->MinTime(0.1)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("policy_encode" + suffix).c_str(),
+        [=](benchmark::State& st) {
+          auto& b = bufs();
+          run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
+                    [&](std::size_t i) {
+                      const std::size_t k = i % 2;
+                      lowbit::kernels::encode<Codec>(input<T>(k * size), count,
+                                                     b.frames + k * fbytes, lowbit::rng_key{}, 0,
+                                                     lowbit::feedback::none_ref{}, nullptr, pol);
+                    });
+        })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("policy_decode" + suffix).c_str(),
+        [=](benchmark::State& st) {
+          auto& b = bufs();
+          for (std::size_t k = 0; k < 2; ++k)
+            lowbit::kernels::encode<Codec>(input<T>(k * size), count, b.frames + k * fbytes,
+                                           lowbit::rng_key{}, 0, lowbit::feedback::none_ref{},
+                                           nullptr);
+          run_timed(st, static_cast<double>(size + Codec::frame_bytes(count)), copy_gbps(size),
+                    [&](std::size_t i) {
+                      const std::size_t k = i % 2;
+                      lowbit::kernels::decode<decoder>(
+                          b.frames + k * fbytes, count,
+                          reinterpret_cast<T*>(static_cast<char*>(b.out) + k * size), 1.0f, nullptr,
+                          pol);
+                    });
+        })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("policy_dae_p2" + suffix).c_str(),
+        [=](benchmark::State& st) {
+          auto& b = bufs();
+          for (int p = 0; p < 3; ++p)
+            lowbit::kernels::encode<Codec>(input<T>(0), count, b.frames + p * fbytes,
+                                           lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0},
+                                           0, lowbit::feedback::none_ref{}, nullptr);
+          run_timed(st, 3.0 * static_cast<double>(Codec::frame_bytes(count)), copy_gbps(size),
+                    [&](std::size_t i) {
+                      lowbit::kernels::decode_accumulate_encode<Codec>(
+                          b.frames, fbytes, 2, count, b.frames + 3 * fbytes,
+                          lowbit::rng_key{2, static_cast<std::uint32_t>(i), 0, 1}, 0,
+                          lowbit::feedback::none_ref{}, static_cast<T*>(nullptr), 1.0f, nullptr,
+                          pol);
+                    });
+        })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 
@@ -343,18 +363,18 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("sms", std::to_string(prop.multiProcessorCount));
 
   for (std::size_t size = MiB; size <= max_bytes; size *= 4) {
-    benchmark::RegisterBenchmark(("copy/" + std::to_string(size / MiB) + "MiB").c_str(),
-                                 [size](benchmark::State& st) {
-                                   auto& bb = bufs();
-                                   const std::size_t r = regions(size, max_bytes);
-                                   run_timed(st, 2.0 * static_cast<double>(size), copy_gbps(size),
-                                             [&](std::size_t i) {
-                                               const std::size_t k = i % r;
-                                               cudaMemcpyAsync(static_cast<char*>(bb.out) + k * size,
-                                                               static_cast<const char*>(bb.in) + k * size,
-                                                               size, cudaMemcpyDeviceToDevice);
-                                             });
-                                 })
+    benchmark::RegisterBenchmark(
+        ("copy/" + std::to_string(size / MiB) + "MiB").c_str(),
+        [size](benchmark::State& st) {
+          auto& bb = bufs();
+          const std::size_t r = regions(size, max_bytes);
+          run_timed(st, 2.0 * static_cast<double>(size), copy_gbps(size), [&](std::size_t i) {
+            const std::size_t k = i % r;
+            cudaMemcpyAsync(static_cast<char*>(bb.out) + k * size,
+                            static_cast<const char*>(bb.in) + k * size, size,
+                            cudaMemcpyDeviceToDevice);
+          });
+        })
         ->UseManualTime()
         ->MinTime(0.1)
         ->Unit(benchmark::kMicrosecond);

@@ -4,7 +4,8 @@
 
 namespace lowbit::test {
 
-TEST_CASE("absmax full grid, float: device frames and outputs equal the host's", "[kernels][float]") {
+TEST_CASE("absmax full grid, float: device frames and outputs equal the host's",
+          "[kernels][float]") {
   check_widths<absmax_full, float>(widths_1_16{}, 101);
 }
 

@@ -4,7 +4,8 @@
 
 namespace lowbit::test {
 
-TEST_CASE("absmax zero grid, float: device frames and outputs equal the host's", "[kernels][float]") {
+TEST_CASE("absmax zero grid, float: device frames and outputs equal the host's",
+          "[kernels][float]") {
   check_widths<absmax_zero, float>(widths_2_16{}, 202);
 }
 

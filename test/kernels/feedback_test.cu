@@ -10,8 +10,8 @@ template <class Codec, class T, template <class> class Ref, class R>
 void check_feedback(std::size_t n, std::uint64_t salt, std::size_t state_offset = 0,
                     values kind = values::awkward) {
   INFO("codec " << Codec::quantizer_type::name << " bits " << Codec::bits << " type "
-                << numeric_traits<T>::name << " state " << numeric_traits<R>::name << " count "
-                << n << " state offset " << state_offset);
+                << numeric_traits<T>::name << " state " << numeric_traits<R>::name << " count " << n
+                << " state offset " << state_offset);
   const std::vector<T> x = convert<T>(make_values(n, salt, kind));
   std::vector<R> state = convert<R>(make_values(n, salt + 1, values::normal));
   for (auto& s : state) s = from_float<R>(to_float(s) * 0.01f);

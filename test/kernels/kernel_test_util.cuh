@@ -22,9 +22,9 @@
 
 namespace lowbit::test {
 
-#define KT_CUDA(call)                                                               \
-  do {                                                                              \
-    cudaError_t kt_status_ = (call);                                                \
+#define KT_CUDA(call)                                                                     \
+  do {                                                                                    \
+    cudaError_t kt_status_ = (call);                                                      \
     if (kt_status_ != cudaSuccess) FAIL(#call << ": " << cudaGetErrorString(kt_status_)); \
   } while (0)
 
@@ -116,16 +116,40 @@ inline std::vector<float> make_values(std::size_t n, std::uint64_t salt, values 
     for (std::size_t i = s; i < e; ++i) {
       float v = normal(g);
       switch (mode) {
-        case 0: case 1: case 2: v *= scale; break;
-        case 3: v *= 1e-41f; break;                     // subnormal
-        case 4: v = std::max(-3e38f, std::min(3e38f, v * 1e38f)); break;  // huge: ranges overflow
-        case 5: v = (g() & 1) ? 0.0f : -0.0f; break;   // zeros of both signs
-        case 6: v = std::fabs(v) * scale; if (g() % 8 == 0) v = (g() & 1) ? 0.0f : -0.0f; break;
-        case 7: v = -std::fabs(v) * scale; if (g() % 8 == 0) v = (g() & 1) ? 0.0f : -0.0f; break;
-        case 8: v = 0.75f; break;                       // constant
-        case 9: if (g() % 16 == 0) v = (g() & 1) ? INFINITY : -INFINITY; break;
-        case 10: if (g() % 16 == 0) v = NAN; break;
-        default: v = std::fabs(v) + 3.0f; break;        // one-sided, away from zero
+        case 0:
+        case 1:
+        case 2:
+          v *= scale;
+          break;
+        case 3:
+          v *= 1e-41f;
+          break;  // subnormal
+        case 4:
+          v = std::max(-3e38f, std::min(3e38f, v * 1e38f));
+          break;  // huge: ranges overflow
+        case 5:
+          v = (g() & 1) ? 0.0f : -0.0f;
+          break;  // zeros of both signs
+        case 6:
+          v = std::fabs(v) * scale;
+          if (g() % 8 == 0) v = (g() & 1) ? 0.0f : -0.0f;
+          break;
+        case 7:
+          v = -std::fabs(v) * scale;
+          if (g() % 8 == 0) v = (g() & 1) ? 0.0f : -0.0f;
+          break;
+        case 8:
+          v = 0.75f;
+          break;  // constant
+        case 9:
+          if (g() % 16 == 0) v = (g() & 1) ? INFINITY : -INFINITY;
+          break;
+        case 10:
+          if (g() % 16 == 0) v = NAN;
+          break;
+        default:
+          v = std::fabs(v) + 3.0f;
+          break;  // one-sided, away from zero
       }
       x[i] = v;
     }
@@ -165,8 +189,7 @@ inline void require_same_bytes(const std::byte* host, const std::vector<std::byt
 /// `x_offset` elements shift the device input off 16-byte alignment.
 template <class Codec, class T>
 void check_encode_decode(const std::vector<float>& xf, std::uint64_t salt,
-                         const kernels::launch_policy* policy = nullptr,
-                         std::size_t x_offset = 0) {
+                         const kernels::launch_policy* policy = nullptr, std::size_t x_offset = 0) {
   using decoder = codec<typename Codec::quantizer_type>;  // decoding ignores the rounding
   const std::size_t n = xf.size();
   const std::vector<T> x = convert<T>(xf);
@@ -206,7 +229,8 @@ void check_encode_decode(const std::vector<float>& xf, std::uint64_t salt,
       kernels::decode<decoder>(df.data(), n, dy.data() + x_offset, scale, nullptr);
     }
     KT_CUDA(cudaDeviceSynchronize());
-    require_same_values(hy, dy.download(n, x_offset * sizeof(T)), "decoded (scale " + std::to_string(scale) + ")");
+    require_same_values(hy, dy.download(n, x_offset * sizeof(T)),
+                        "decoded (scale " + std::to_string(scale) + ")");
     // nothing written past the end
     const auto tail = dy.download(4, (n + x_offset) * sizeof(T));
     for (const T& t : tail) REQUIRE(bits_of(t) == (sizeof(T) == 4 ? 0xA7A7A7A7u : 0xA7A7u));
@@ -246,7 +270,8 @@ template <int B>
 using minmax128 = quant::minmax<B, 128>;
 
 /// 1..16 and 2..16.
-using widths_1_16 = std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
+using widths_1_16 =
+    std::integer_sequence<int, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
 using widths_2_16 = std::integer_sequence<int, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16>;
 
 }  // namespace lowbit::test

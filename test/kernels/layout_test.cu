@@ -25,7 +25,8 @@ TEST_CASE("every lane layout: blocks of 32, 64, 96, 160, 256 and 1024 values",
   check_counts<codec<quant::absmax<4, 32>, round::stochastic>, float>(11, {1, 33, 1025, 5000});
   check_counts<codec<quant::absmax<3, 64>, round::nearest>, __nv_bfloat16>(12, {1, 65, 3001});
   check_counts<codec<quant::minmax<5, 96>, round::stochastic>, float>(13, {1, 95, 97, 4000});
-  check_counts<codec<quant::absmax<7, 160, quant::grid::zero>, round::nearest>, __half>(14, {159, 161, 7000});
+  check_counts<codec<quant::absmax<7, 160, quant::grid::zero>, round::nearest>, __half>(
+      14, {159, 161, 7000});
   check_counts<codec<quant::fp8<quant::e5m2, 256>, round::stochastic>, float>(15, {255, 257, 9000});
   check_counts<codec<quant::absmax<2, 1024>, round::nearest>, float>(16, {1, 1023, 1025, 10000});
   check_counts<codec<quant::minmax<16, 1024>, round::stochastic>, __nv_bfloat16>(17, {2047, 5000});

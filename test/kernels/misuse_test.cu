@@ -5,20 +5,24 @@ namespace lowbit::test {
 
 using C = codec<quant::absmax<4>, round::stochastic>;
 
-TEST_CASE("bad arguments throw lowbit::invalid_argument before launching", "[kernels][misuse][sanitize]") {
+TEST_CASE("bad arguments throw lowbit::invalid_argument before launching",
+          "[kernels][misuse][sanitize]") {
   device_array<float> x(1000);
   device_array<std::byte> f(C::frame_bytes(1000) + 64);
   const rng_key key{};
   const feedback::none_ref none{};
   std::byte* odd = f.data() + 8;
-  REQUIRE_THROWS_AS(kernels::encode<C>(static_cast<const float*>(nullptr), 10, f.data(), key, 0, none, nullptr),
+  REQUIRE_THROWS_AS(
+      kernels::encode<C>(static_cast<const float*>(nullptr), 10, f.data(), key, 0, none, nullptr),
+      invalid_argument);
+  REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, nullptr, key, 0, none, nullptr),
                     invalid_argument);
-  REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, nullptr, key, 0, none, nullptr), invalid_argument);
   REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, odd, key, 0, none, nullptr), invalid_argument);
-  REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, f.data(), key, 16, none, nullptr), invalid_argument);
-  REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, f.data(), key, 0, feedback::residual_ref<float>{},
-                                       nullptr),
+  REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, f.data(), key, 16, none, nullptr),
                     invalid_argument);
+  REQUIRE_THROWS_AS(
+      kernels::encode<C>(x.data(), 10, f.data(), key, 0, feedback::residual_ref<float>{}, nullptr),
+      invalid_argument);
   REQUIRE_THROWS_AS(kernels::encode<C>(x.data(), 10, f.data(), key, 0, none, nullptr,
                                        kernels::launch_policy{48, 32, 1, 1}),
                     invalid_argument);
@@ -52,7 +56,8 @@ TEST_CASE("bad arguments throw lowbit::invalid_argument before launching", "[ker
 
 TEST_CASE("count 0 launches nothing and touches nothing", "[kernels][misuse][sanitize]") {
   const rng_key key{};
-  kernels::encode<C>(static_cast<const float*>(nullptr), 0, nullptr, key, 0, feedback::none_ref{}, nullptr);
+  kernels::encode<C>(static_cast<const float*>(nullptr), 0, nullptr, key, 0, feedback::none_ref{},
+                     nullptr);
   kernels::decode<C>(nullptr, 0, static_cast<__half*>(nullptr), 1.0f, nullptr);
   kernels::decode_accumulate_encode<C>(nullptr, 16, 2, 0, nullptr, key, 0, feedback::none_ref{},
                                        nullptr, nullptr);

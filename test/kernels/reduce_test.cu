@@ -16,7 +16,8 @@ void check_reduce(std::size_t n, int frames, std::uint64_t salt, std::size_t ext
   host_frame in(stride * frames);
   for (int p = 0; p < frames; ++p) {
     const auto x = make_values(n, salt + 17 * p, p % 2 ? values::normal : values::awkward);
-    host::encode<Codec>(span<const float>(x.data(), n), span<std::byte>(in.data() + p * stride, stride),
+    host::encode<Codec>(span<const float>(x.data(), n),
+                        span<std::byte>(in.data() + p * stride, stride),
                         rng_key{salt, 1, static_cast<std::uint32_t>(p), 0});
   }
   const rng_key key{salt, 2, 0, 1};
@@ -77,11 +78,12 @@ void check_reduce(std::size_t n, int frames, std::uint64_t salt, std::size_t ext
 }  // namespace
 
 TEST_CASE("decode-accumulate-encode equals the host", "[kernels][reduce][sanitize]") {
-  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{127}, std::size_t{129},
-                              std::size_t{4099}}) {
+  for (const std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{127}, std::size_t{129}, std::size_t{4099}}) {
     for (const int p : {1, 2, 3}) {
       check_reduce<codec<quant::absmax<4>, round::stochastic>, float, false>(n, p, 10 + n + p);
-      check_reduce<codec<quant::absmax<4>, round::stochastic>, __nv_bfloat16, true>(n, p, 20 + n + p, 1);
+      check_reduce<codec<quant::absmax<4>, round::stochastic>, __nv_bfloat16, true>(n, p,
+                                                                                    20 + n + p, 1);
       check_reduce<codec<quant::minmax<3, 96>, round::nearest>, __half, false>(n, p, 30 + n + p, 2);
       check_reduce<codec<quant::fp8<quant::e5m2>, round::nearest>, float, true>(n, p, 40 + n + p);
     }

@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
        tile += gridDim.x * warps_per_cta) {
     const std::size_t tile_first = tile * layout::values_per_warp;
     const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const std::size_t tile_n =
+        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
     const std::size_t group = tile * 32 + lane;
     typename tile_t::row r;
     if (group * 32 < count) {
@@ -101,15 +102,16 @@ void decode(const std::byte* frame, std::size_t count, T* out, float scale, cuda
   detail::check_frame_pointer(frame, count, "kernels::decode");
   if (count == 0) return;
   const std::size_t tiles = (count + 1023) / 1024;
-  detail::decode_kernel<Codec, T><<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-      frame, count, out, scale, detail::aligned16(out));
+  detail::decode_kernel<Codec, T>
+      <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+          frame, count, out, scale, detail::aligned16(out));
   LOWBIT_CHECK_LAUNCH();
 }
 
 /// decode with the launch policy of the current device.
 template <class Codec, class T>
 void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream) {
-  decode<Codec, T>(frame, count, out, scale, stream, detail::default_policy());
+  decode<Codec, T>(frame, count, out, scale, stream, detail::default_policy(pass::decode));
 }
 
 }  // namespace lowbit::kernels

@@ -93,7 +93,8 @@ struct encode_traits {
 template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads)
     encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
-                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector) {
+                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector,
+                  bool state_vector) {
   using traits = encode_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
@@ -112,14 +113,16 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
        tile += gridDim.x * warps_per_cta) {
     const std::size_t tile_first = tile * layout::values_per_warp;
     const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const std::size_t tile_n =
+        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
     const bool full = tile_n == layout::values_per_warp;
 
     const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
     const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
     const bool live = layout::lane_active(lane) && block < blocks;
     const std::size_t first = group * 32;
-    const int valid = !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+    const int valid =
+        !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
 
     float c[32];
     load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
@@ -186,7 +189,8 @@ void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
 template <class Codec, class T, class Feedback = feedback::none_ref>
 void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
             std::uint64_t index0, Feedback fb, cudaStream_t stream) {
-  encode<Codec, T, Feedback>(x, count, frame, key, index0, fb, stream, detail::default_policy());
+  encode<Codec, T, Feedback>(x, count, frame, key, index0, fb, stream,
+                             detail::default_policy(pass::encode));
 }
 
 }  // namespace lowbit::kernels

@@ -22,18 +22,23 @@ struct launch_policy {
   static constexpr int max_threads = 256;
 };
 
-/// The policy for a GPU of compute capability `major`.`minor`.
+/// The kernel a policy is for: the passes differ in registers and in how much
+/// arithmetic they do per byte, so they fill a multiprocessor differently.
+enum class pass { encode, decode, reduce };
+
+/// The policy for pass `k` on a GPU of compute capability `major`.`minor`.
 ///
-/// Hopper (9.x) and Blackwell (10.x, 12.x): 8 warps, 2 CTAs per SM budgeted (each lane
-/// keeps 32 values, their codes and the packed words in registers: about 100 registers,
-/// so 2 x 256 threads fill half the register file and leave the rest to the compiler),
-/// and enough waves that every SM stays busy in the grid-stride loop. Older GPUs get
-/// smaller CTAs, which schedule better on their smaller register files.
-constexpr launch_policy select_launch_policy(int major, int minor = 0) {
+/// Hopper (9.x) and later: encode and decode run 8-warp CTAs with the grid capped at
+/// 4 CTAs x 8 waves per SM (up to 4 CTAs of 8 warps fit an SM: 36 KiB of staging each,
+/// under 64 registers a thread); decode-accumulate-encode (about 128 registers a thread)
+/// runs 4-warp CTAs, 8 per SM. Measured on an H200 at 256 MiB, 4-bit codes (see
+/// docs/performance.md): 3-5% over {256, 2 x 4} for encode and decode, 3-11% for the
+/// reduction. Older GPUs get the same shapes, unmeasured.
+constexpr launch_policy select_launch_policy(int major, int minor = 0, pass k = pass::encode) {
   (void)minor;
-  if (major >= 9) return launch_policy{256, 32, 2, 4};
-  if (major >= 7) return launch_policy{256, 32, 2, 4};
-  return launch_policy{128, 32, 4, 4};
+  (void)major;
+  if (k == pass::reduce) return launch_policy{128, 32, 8, 4};
+  return launch_policy{256, 32, 4, 8};
 }
 
 /// True when `p` is a policy the kernels can be launched with.

@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
   using R = typename traits::state_type;
   using tile_t = warp_tile<T, layout>;
   using meta_type = typename Codec::meta_type;
-  __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
-                                             [staging_bytes(traits::staged_size)];
+  __shared__ __align__(
+      16) unsigned char smem[launch_policy::max_threads / 32][staging_bytes(traits::staged_size)];
 
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -63,14 +63,16 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
        tile += gridDim.x * warps_per_cta) {
     const std::size_t tile_first = tile * layout::values_per_warp;
     const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n = tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
+    const std::size_t tile_n =
+        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
     const bool full = tile_n == layout::values_per_warp;
 
     const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
     const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
     const bool live = layout::lane_active(lane) && block < blocks;
     const std::size_t first = group * 32;
-    const int valid = !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+    const int valid =
+        !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
 
     float c[32];
     LOWBIT_UNROLL
@@ -102,7 +104,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         if (reduced_scale != 1.0f) v = lowbit::detail::fmul(v, reduced_scale);
         raw_bits<T>::set(r.w, i, from_float<T>(v));
       }
-      store_group_values<T, layout>(reduced_out + tile_first, tile_n, full && out_vector, s, lane, r);
+      store_group_values<T, layout>(reduced_out + tile_first, tile_n, full && out_vector, s, lane,
+                                    r);
     }
 
     if (out_frame != nullptr) {
@@ -147,9 +150,10 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
   using layout = typename reduce_traits<Codec, T, Feedback>::layout;
   const std::size_t tiles =
       (Codec::num_blocks(count) + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
-  reduce_kernel<Codec, T, Feedback><<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-      frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
-      reduced_scale, aligned16(reduced_out), state_vector);
+  reduce_kernel<Codec, T, Feedback>
+      <<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+          frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
+          reduced_scale, aligned16(reduced_out), state_vector);
   LOWBIT_CHECK_LAUNCH();
 }
 
@@ -166,7 +170,8 @@ template <class Codec, class Feedback = feedback::none_ref, class T = float>
 void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
                               std::size_t count, std::byte* out_frame, const rng_key& key,
                               std::uint64_t index0, Feedback fb, T* reduced_out,
-                              float reduced_scale, cudaStream_t stream, const launch_policy& policy) {
+                              float reduced_scale, cudaStream_t stream,
+                              const launch_policy& policy) {
   detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
                                reduced_out, reduced_scale, stream, policy,
                                "kernels::decode_accumulate_encode");
@@ -181,7 +186,7 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
                               cudaStream_t stream) {
   decode_accumulate_encode<Codec, Feedback, T>(frames, frame_stride, num_frames, count, out_frame,
                                                key, index0, fb, reduced_out, 1.0f, stream,
-                                               detail::default_policy());
+                                               detail::default_policy(pass::reduce));
 }
 
 /// decode_accumulate_encode without the decoded sum (reduced_out = nullptr).
@@ -190,10 +195,9 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
                               std::size_t count, std::byte* out_frame, const rng_key& key,
                               std::uint64_t index0, Feedback fb, std::nullptr_t,
                               cudaStream_t stream) {
-  decode_accumulate_encode<Codec, Feedback, float>(frames, frame_stride, num_frames, count,
-                                                   out_frame, key, index0, fb,
-                                                   static_cast<float*>(nullptr), 1.0f, stream,
-                                                   detail::default_policy());
+  decode_accumulate_encode<Codec, Feedback, float>(
+      frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
+      static_cast<float*>(nullptr), 1.0f, stream, detail::default_policy(pass::reduce));
 }
 
 /// The reduce_scatter half: out[i] = T(scale * sum over p of frame p's value i), the sum
@@ -201,10 +205,11 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
 template <class Codec, class T>
 void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int num_frames,
                        std::size_t count, T* out, float scale, cudaStream_t stream) {
-  LOWBIT_EXPECTS(count == 0 || out != nullptr, "kernels::decode_accumulate: out is null but count is nonzero");
+  LOWBIT_EXPECTS(count == 0 || out != nullptr,
+                 "kernels::decode_accumulate: out is null but count is nonzero");
   detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, nullptr, rng_key{}, 0,
-                               feedback::none_ref{}, out, scale, stream, detail::default_policy(),
-                               "kernels::decode_accumulate");
+                               feedback::none_ref{}, out, scale, stream,
+                               detail::default_policy(pass::reduce), "kernels::decode_accumulate");
 }
 
 }  // namespace lowbit::kernels

@@ -42,7 +42,8 @@ __device__ __forceinline__ void store_words(std::byte* p, const std::uint32_t (&
   if constexpr (Bits % 4 == 0) {
     LOWBIT_UNROLL
     for (int j = 0; j < Bits / 4; ++j)
-      reinterpret_cast<uint4*>(p)[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+      reinterpret_cast<uint4*>(p)[j] =
+          make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
   } else if constexpr (Bits % 2 == 0) {
     LOWBIT_UNROLL
     for (int j = 0; j < Bits / 2; ++j)

@@ -97,10 +97,9 @@ __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[
 /// index  tensor index of the group's first value (keys stochastic rounding)
 template <class Codec, class Layout, class Feedback>
 __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane, bool live,
-                                             std::size_t block, std::size_t group,
-                                             std::byte* frame, std::size_t codes_offset,
-                                             const rng_key& key, std::uint64_t index,
-                                             const Feedback& fb) {
+                                             std::size_t block, std::size_t group, std::byte* frame,
+                                             std::size_t codes_offset, const rng_key& key,
+                                             std::uint64_t index, const Feedback& fb) {
   using quantizer = typename Codec::quantizer_type;
   constexpr int G = Codec::group_size;
 
@@ -133,7 +132,8 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
     if (!stats.poisoned()) {
       LOWBIT_UNROLL
       for (int i = 0; i < G; ++i)
-        if (i < valid) fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
+        if (i < valid)
+          fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
     }
   }
 }

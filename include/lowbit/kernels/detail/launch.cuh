@@ -31,20 +31,23 @@ inline device_info current_device_info() {
   return d;
 }
 
-/// The policy the current device selects.
-inline launch_policy default_policy() {
+/// The policy the current device selects for pass k.
+inline launch_policy default_policy(pass k) {
   const device_info d = current_device_info();
-  return select_launch_policy(d.major, d.minor);
+  return select_launch_policy(d.major, d.minor, k);
 }
 
 /// CTAs for `warp_tiles` tiles of warp work: enough to cover them, capped at the
 /// policy's resident CTAs times its waves (the kernels loop over the rest).
 inline unsigned grid_size(const launch_policy& p, std::size_t warp_tiles) {
-  LOWBIT_EXPECTS(is_valid(p), "lowbit::kernels: invalid launch_policy (threads_per_block must be a "
-                              "multiple of 32 in [32, 256], items_per_thread 32)");
+  LOWBIT_EXPECTS(is_valid(p),
+                 "lowbit::kernels: invalid launch_policy (threads_per_block must be a "
+                 "multiple of 32 in [32, 256], items_per_thread 32)");
   const std::size_t warps = static_cast<std::size_t>(p.threads_per_block / 32);
   const std::size_t needed = (warp_tiles + warps - 1) / warps;
-  int sms = current_device_info().sms;
+  int dev = 0, sms = 1;
+  LOWBIT_CUDA_TRY(cudaGetDevice(&dev));
+  LOWBIT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const std::size_t cap = static_cast<std::size_t>(sms) * p.blocks_per_sm * p.waves;
   const std::size_t g = needed < cap ? needed : cap;
   return static_cast<unsigned>(g < 1 ? 1 : g);
