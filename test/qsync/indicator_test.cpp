@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include "lowbit/qsync/indicator.hpp"
 
@@ -48,6 +49,8 @@ TEST_CASE("indicator: exponents clip to the format's range; depth weighting") {
   REQUIRE(clipped_exponent(1e-9, precision::fp16) == -14);
   REQUIRE(clipped_exponent(1e-9, precision::bf16) == -30);
   REQUIRE(clipped_exponent(0.0, precision::fp16) == -14);
+  REQUIRE(clipped_exponent(std::numeric_limits<double>::infinity(), precision::fp16) == 15);
+  REQUIRE(clipped_exponent(std::nan(""), precision::fp16) == -14);
   REQUIRE(float_factor(1.0, precision::fp16) == u);
   const perturbation q{1.0, 10.0};
   // gamma (L - depth) fwd + depth bwd with L = 3, depth = 1: 4 * 2 * 1 + 1 * 10.

@@ -27,8 +27,10 @@ struct perturbation {
 /// exponent" e, generalised to every float format).
 inline int clipped_exponent(double absmax, precision p) {
   if (!(absmax > 0.0)) return min_exponent(p);
-  const int e = static_cast<int>(std::floor(std::log2(absmax)));
-  return std::clamp(e, min_exponent(p), max_exponent(p));
+  // Clamp in double first: casting inf (or a huge log) to int is undefined.
+  const double e = std::floor(std::log2(absmax));
+  return static_cast<int>(
+      std::clamp(e, static_cast<double>(min_exponent(p)), static_cast<double>(max_exponent(p))));
 }
 
 /// The rounding-variance factor of a float format for a tensor whose amax is `absmax`:
