@@ -74,7 +74,8 @@ class allocation_problem {
     std::vector<double> scores;  ///< per option
   };
 
-  /// `comm_bits` ascending; `target_ms` the iteration-time bound.
+  /// `comm_bits` ascending; `target_ms` the iteration-time bound. `sim` must outlive
+  /// the problem (it is borrowed, not copied).
   allocation_problem(const simulator& sim, score_table scores, std::vector<int> comm_bits,
                      double target_ms)
       : sim_(&sim), scores_(std::move(scores)), bits_(std::move(comm_bits)), target_(target_ms) {

@@ -45,7 +45,8 @@ inline double all_reduce_bytes_per_rank(int bits, double count, int ranks) {
 
 /// Milliseconds of codec kernels on `dev` for one all-reduce: encode the input, decode
 /// the P shard frames and re-encode the reduced shard, decode the gathered frames.
-/// Memory-bound, so it is bytes touched over bandwidth plus four launches; zero when
+/// Memory-bound, so it is bytes touched over bandwidth plus four kernel calls at the
+/// quantize fit's fixed cost (its launch and amax tail); zero when
 /// bits = 32 (plain NCCL). bf16 costs the two casts around a plain all-reduce.
 inline double codec_ms(int bits, double count, int ranks, const device_profile& dev) {
   if (bits == 32 || count <= 0 || ranks == 1) return 0.0;

@@ -1,12 +1,13 @@
 // Reads measured per-op GPU times from a PyTorch-profiler Chrome trace.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,8 +50,10 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   };
   std::vector<range> cpu_ranges;
   std::map<std::string, std::vector<double>> gpu_ranges;
-  std::map<long long, std::tuple<double, std::string>> launches;  // correlation -> ts, thread
-  std::map<long long, double> kernels;                            // correlation -> dur
+  // Launches per thread as (ts, correlation), sorted below so that each range finds its
+  // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
+  std::map<std::string, std::vector<std::pair<double, long long>>> launches;
+  std::map<long long, double> kernels;  // correlation -> summed kernel time
   for (std::size_t n = 0; n < events->size(); ++n) {
     const auto& e = (*events)[n];
     if (!e.is_object() || e.value("ph", "") != "X") continue;
@@ -68,7 +71,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
       } else if (cat == "user_annotation") {
         cpu_ranges.push_back({e.at("name").get<std::string>(), ts, dur, thread});
       } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
-        if (long long c = correlation(); c >= 0) launches[c] = {ts, thread};
+        if (long long c = correlation(); c >= 0) launches[thread].push_back({ts, c});
       } else if (cat == "kernel") {
         if (long long c = correlation(); c >= 0) kernels[c] += dur;
       }
@@ -86,13 +89,16 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     }
     return out;
   }
+  for (auto& [thread, list] : launches) std::sort(list.begin(), list.end());
   std::map<std::string, double> sum;
   for (const auto& r : cpu_ranges) {
     double s = 0;
-    for (const auto& [c, launch] : launches) {
-      const auto& [ts, thread] = launch;
-      if (thread == r.thread && ts >= r.ts && ts <= r.ts + r.dur) {
-        auto k = kernels.find(c);
+    auto it = launches.find(r.thread);
+    if (it != launches.end()) {
+      const auto& list = it->second;
+      auto at = std::lower_bound(list.begin(), list.end(), std::pair<double, long long>{r.ts, -1});
+      for (; at != list.end() && at->first <= r.ts + r.dur; ++at) {
+        auto k = kernels.find(at->second);
         if (k != kernels.end()) s += k->second;
       }
     }
