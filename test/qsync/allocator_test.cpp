@@ -156,7 +156,7 @@ TEST_CASE("exact solver equals brute force over all plans (random, n <= 8)") {
   REQUIRE(feasible >= 10);
 }
 
-TEST_CASE("greedy: feasible and no worse than its start; equal to brute force when loose") {
+TEST_CASE("greedy: feasible and no worse than its start, equal to brute force when loose") {
   auto rng = lowbit::test::rng(62);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   const std::vector<int> bits = {4, 8, 32};

@@ -142,7 +142,7 @@ TEST_CASE("wire bytes mirror the codec frame: 16-byte aligned scales, then codes
   REQUIRE(all_reduce_ms(4, 1e6, 2, l, d) < all_reduce_ms(32, 1e6, 2, l, d));
 }
 
-TEST_CASE("built-in devices and links carry datasheet numbers; unknown names are errors") {
+TEST_CASE("built-in devices and links carry datasheet numbers, unknown names are errors") {
   REQUIRE(t4().peak_tflops[index_of(precision::int8)] == 130);
   REQUIRE(h200().memory_gib == 141);
   REQUIRE(h200().memory_bandwidth_gbs == 4800);
@@ -151,4 +151,27 @@ TEST_CASE("built-in devices and links carry datasheet numbers; unknown names are
   REQUIRE(builtin_link("ethernet-25g").bandwidth_gbs == Approx(3.125));
   REQUIRE_THROWS_WITH(builtin_device("K80"), Contains("unknown device 'K80'"));
   REQUIRE_THROWS_WITH(builtin_link("carrier-pigeon"), Contains("unknown link"));
+}
+
+TEST_CASE("simulator: hybrid groups share bucket times, the iteration is the slowest group's") {
+  device_profile fast = round_device("fast");
+  device_profile slow = round_device("slow");
+  for (double& p : slow.peak_tflops) p /= 4;
+  auto ops = linear_chain(4);
+  for (auto& o : ops) o.param_numel = 262144.0 * 0.6;  // two buckets of two ops
+  const simulator sim(model_of(ops, 1.0, 1.0),
+                      {"hybrid", {{fast, 2, {}}, {slow, 1, {}}}, {"l", 1.0, 0.001}});
+  REQUIRE(sim.buckets().size() == 2);
+  const evaluation e = sim.evaluate(sim.uniform(precision::fp32, 8));
+  // The slow group finishes its backward last, so it sets every bucket's start.
+  const auto slow_timing = e.groups[1].timing;
+  REQUIRE(e.times.bucket_start[0] == Approx(slow_timing.bucket_ready_ms[0]));
+  REQUIRE(e.times.bucket_start[1] ==
+          Approx(std::max(slow_timing.bucket_ready_ms[1], e.times.bucket_end[0])));
+  REQUIRE(e.times.iteration_ms == Approx(std::max(e.times.device_ms[0], e.times.device_ms[1])));
+  // The fast group waits for the shared all-reduces: both end after the last bucket,
+  // plus equal optimizer tails (same bandwidth), so at the same time.
+  REQUIRE(e.times.device_ms[0] >= e.times.bucket_end[1]);
+  REQUIRE(e.times.device_ms[0] == Approx(e.times.device_ms[1]));
+  REQUIRE(e.groups[0].timing.compute_end < e.groups[1].timing.compute_end);
 }

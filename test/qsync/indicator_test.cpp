@@ -44,7 +44,7 @@ TEST_CASE("indicator: fp16 by hand, fp32 is zero") {
   REQUIRE(op_perturbation(hand_stats(), 8, precision::bf16).forward == Approx(64 * 104 * u / 6));
 }
 
-TEST_CASE("indicator: exponents clip to the format's range; depth weighting") {
+TEST_CASE("indicator: exponents clip to the format's range, and depth weighting") {
   REQUIRE(clipped_exponent(1e6, precision::fp16) == 15);
   REQUIRE(clipped_exponent(1e-9, precision::fp16) == -14);
   REQUIRE(clipped_exponent(1e-9, precision::bf16) == -30);

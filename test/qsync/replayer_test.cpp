@@ -26,7 +26,7 @@ TEST_CASE("3-op chain: GPU-bound ends at 7.0, CPU-bound at 3.2 (REFERENCE.md)") 
   REQUIRE(s.cpu_end == Approx(3.0));
 }
 
-TEST_CASE("buckets: 3->7, 9->11 = 11; a first all-reduce of 8 makes it 13 (FIFO)") {
+TEST_CASE("buckets: 3->7, 9->11 = 11, a first all-reduce of 8 makes it 13 (FIFO)") {
   auto t = chain({0, 0, 0}, {3, 3, 3});
   t.bucket_ready = {0, 2};  // bucket 1 after op 1 (t = 3), bucket 2 after op 3 (t = 9)
   const auto a = replay(t, {4, 2});
@@ -39,7 +39,7 @@ TEST_CASE("buckets: 3->7, 9->11 = 11; a first all-reduce of 8 makes it 13 (FIFO)
   REQUIRE(b.iteration_ms == Approx(13));
 }
 
-TEST_CASE("a bucket with no ready kernel is ready at 0; the tail follows the last bucket") {
+TEST_CASE("a bucket with no ready kernel is ready at 0, the tail follows the last bucket") {
   auto t = chain({0, 0}, {1, 1});
   t.bucket_ready = {no_index, 1};
   t.tail_ms = 0.5;
