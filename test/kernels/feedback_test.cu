@@ -42,7 +42,41 @@ void check_all_refs(std::size_t n, std::uint64_t salt, std::size_t offset = 0) {
   check_feedback<Codec, T, feedback::ef21_ref, __nv_bfloat16>(n, salt + 30, offset);
 }
 
+/// A feedback ref the kernels do not know (classic error feedback written out by hand):
+/// the kernels call it on global memory, element by element.
+struct user_residual {
+  static constexpr bool active = true;
+  float* e = nullptr;
+  LOWBIT_HD float load(std::size_t i, float x) const { return detail::fadd(x, e[i]); }
+  LOWBIT_HD void store(std::size_t i, float c, float dq) const { e[i] = detail::fsub(c, dq); }
+  LOWBIT_HD user_residual shifted(std::size_t offset) const { return {e + offset}; }
+};
+
 }  // namespace
+
+TEST_CASE("a user-defined feedback ref is called in place", "[kernels][feedback][sanitize]") {
+  using C = codec<quant::absmax<3>, round::stochastic>;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{129}, std::size_t{70001}}) {
+    INFO("count " << n);
+    const std::vector<float> x = make_values(n, 800 + n, values::awkward);
+    std::vector<float> e = make_values(n, 900 + n, values::normal);
+    for (auto& v : e) v *= 0.01f;
+    device_array<float> dx(n), de(n);
+    dx.upload(x.data(), n);
+    de.upload(e.data(), n);
+    const std::size_t fb = C::frame_bytes(n);
+    for (std::uint32_t step = 0; step < 2; ++step) {
+      const rng_key key{7, step, 1, 0};
+      host_frame hf(fb);
+      host::encode<C>(span<const float>(x.data(), n), hf.bytes(), key, 0, user_residual{e.data()});
+      device_array<std::byte> df(fb);
+      kernels::encode<C>(dx.data(), n, df.data(), key, 0, user_residual{de.data()}, nullptr);
+      KT_CUDA(cudaDeviceSynchronize());
+      require_same_bytes(hf.data(), df.download(fb + 16), fb + 16, "frame");
+      require_same_values(e, de.download(n), "user state");
+    }
+  }
+}
 
 TEST_CASE("residual and EF21 state, fp32 and bf16: frames and state equal the host's",
           "[kernels][feedback][sanitize]") {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lowbit/core/config.hpp"
 #include "lowbit/kernels/detail/raw_bits.cuh"
 
 namespace lowbit::kernels::detail {
