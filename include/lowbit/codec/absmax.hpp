@@ -92,14 +92,14 @@ struct absmax {
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     float t = p.divide ? detail::fdiv(x, p.meta.step) : detail::fmul(x, p.inv_step);
     if constexpr (!zero_grid) t = detail::fsub(t, 0.5f);
-    float q = Rounding::apply(t, noise);
-    q = detail::clamp_f(q, static_cast<float>(qmin), static_cast<float>(qmax));
-    return static_cast<std::uint32_t>(static_cast<int>(q) + half_levels);
+    // Clamping before rounding equals clamping after it (the bounds are integers).
+    t = detail::clamp_f(t, static_cast<float>(qmin), static_cast<float>(qmax));
+    return static_cast<std::uint32_t>(detail::int_of(Rounding::apply(t, noise)) + half_levels);
   }
 
   /// The value code stands for.
   LOWBIT_HD static float dequantize(std::uint32_t code, const meta_type& m) {
-    const float q = static_cast<float>(static_cast<int>(code) - half_levels);
+    const float q = detail::float_of(static_cast<int>(code) - half_levels);
     if constexpr (zero_grid) {
       return detail::fmul(q, m.step);
     } else {

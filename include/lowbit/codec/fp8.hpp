@@ -75,7 +75,7 @@ struct fp8 {
     if (e < Format::emin) e = Format::emin;
     // a / ulp is exact: scaling by a power of two.
     const float t = detail::fmul(a, detail::pow2(M - e));
-    int r = static_cast<int>(Rounding::apply(t, noise));
+    int r = detail::int_of(Rounding::apply(t, noise));
     if (r == (2 << M)) {  // rounded up into the next binade
       ++e;
       r = 1 << M;
@@ -95,8 +95,8 @@ struct fp8 {
     const int biased = static_cast<int>((code >> M) & ((1u << Format::exp_bits) - 1u));
     const int mant = static_cast<int>(code & ((1u << M) - 1u));
     const float magnitude =
-        biased == 0 ? detail::fmul(static_cast<float>(mant), detail::pow2(Format::emin - M))
-                    : detail::fmul(static_cast<float>((1 << M) + mant),
+        biased == 0 ? detail::fmul(detail::float_of(mant), detail::pow2(Format::emin - M))
+                    : detail::fmul(detail::float_of((1 << M) + mant),
                                    detail::pow2(biased - 1 + Format::emin - M));
     return (code & 0x80u) ? -magnitude : magnitude;
   }

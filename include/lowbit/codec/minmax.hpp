@@ -59,12 +59,12 @@ struct minmax {
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     const float d = detail::fsub(x, p.meta.min);
     const float t = p.divide ? detail::fdiv(d, p.meta.step) : detail::fmul(d, p.inv_step);
-    const float q = detail::clamp_f(Rounding::apply(t, noise), 0.0f, static_cast<float>(max_code));
-    return static_cast<std::uint32_t>(q);
+    const float q = Rounding::apply(detail::clamp_f(t, 0.0f, static_cast<float>(max_code)), noise);
+    return static_cast<std::uint32_t>(detail::int_of(q));
   }
 
   LOWBIT_HD static float dequantize(std::uint32_t code, const meta_type& m) {
-    return detail::fadd(m.min, detail::fmul(static_cast<float>(code), m.step));
+    return detail::fadd(m.min, detail::fmul(detail::float_of(static_cast<int>(code)), m.step));
   }
 
   LOWBIT_HD static float step(const meta_type& m) { return m.step; }

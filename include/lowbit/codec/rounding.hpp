@@ -1,5 +1,6 @@
 // Rounding policies: how a real-valued position on a quantizer's grid becomes an
-// integer. Quantizers call `Rounding::apply(t, noise)` and nothing else.
+// integer. Quantizers call `Rounding::apply(t, noise)` and nothing else, with t already
+// clamped to their code range (|t| <= 2^22), and get an integer-valued float back.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,8 @@ struct stochastic {
   LOWBIT_HD static float apply(float t, std::uint32_t noise16) {
     const float base = detail::floor_f(t);
     const float frac = detail::fsub(t, base);  // exact
-    const float u = static_cast<float>(noise16) * (1.0f / 65536.0f);
+    // u = noise16 / 2^16 exactly: the noise as the mantissa of a float in [1, 2).
+    const float u = detail::fsub(detail::bits_float(0x3f800000u | (noise16 << 7)), 1.0f);
     return u < frac ? detail::fadd(base, 1.0f) : base;
   }
 };

@@ -91,22 +91,33 @@ LOWBIT_HD float fdiv(float a, float b) {
 #endif
 }
 
-/// Round to the nearest integer, ties to even (the float result).
-LOWBIT_HD float rint_even(float x) {
-#if LOWBIT_DEVICE_PASS
-  return rintf(x);
-#else
-  return std::nearbyint(x);
-#endif
-}
+/// 1.5 * 2^23. For |t| <= 2^22, t + round_magic lands in [2^23, 2^24), where floats are
+/// exactly the integers: the addition itself rounds t to an integer, which then sits in
+/// the low mantissa bits. This does in the FP32 pipe what a conversion instruction
+/// would do in the (quarter-rate) conversion pipe, and gives the same bits on the host.
+inline constexpr float round_magic = 12582912.0f;
+inline constexpr std::uint32_t round_magic_bits = 0x4b400000u;
 
-/// Round towards minus infinity.
+/// Round to the nearest integer, ties to even, for |x| <= 2^22 (the float result).
+LOWBIT_HD float rint_even(float x) { return fsub(fadd(x, round_magic), round_magic); }
+
+/// Round towards minus infinity, for |x| <= 2^22.
 LOWBIT_HD float floor_f(float x) {
 #if LOWBIT_DEVICE_PASS
-  return floorf(x);
+  return __fsub_rn(__fadd_rd(x, round_magic), round_magic);  // add rounding down = floor
 #else
   return std::floor(x);
 #endif
+}
+
+/// The int value of an integer-valued float q, |q| <= 2^22, without a conversion.
+LOWBIT_HD int int_of(float q) {
+  return static_cast<int>(float_bits(fadd(q, round_magic)) - round_magic_bits);
+}
+
+/// The float value of an int q, |q| <= 2^22, without a conversion (exact).
+LOWBIT_HD float float_of(int q) {
+  return fsub(bits_float(round_magic_bits + static_cast<std::uint32_t>(q)), round_magic);
 }
 
 /// |x| by clearing the sign bit.
@@ -119,8 +130,15 @@ LOWBIT_HD bool is_nonfinite(float x) { return (float_bits(x) & 0x7f800000u) == 0
 LOWBIT_HD float max_f(float a, float b) { return a < b ? b : a; }
 LOWBIT_HD float min_f(float a, float b) { return b < a ? b : a; }
 
-/// x clamped to [lo, hi]; nan goes to lo, so a float-to-int cast after it is defined.
-LOWBIT_HD float clamp_f(float x, float lo, float hi) { return x > lo ? (x < hi ? x : hi) : lo; }
+/// x clamped to [lo, hi]; nan goes to lo. The sign of a zero result is unspecified
+/// (callers round the result, which erases it).
+LOWBIT_HD float clamp_f(float x, float lo, float hi) {
+#if LOWBIT_DEVICE_PASS
+  return fminf(fmaxf(x, lo), hi);  // fmaxf(nan, lo) = lo
+#else
+  return x > lo ? (x < hi ? x : hi) : lo;
+#endif
+}
 
 /// 2^e for e in [-126, 127].
 LOWBIT_HD float pow2(int e) { return bits_float(static_cast<std::uint32_t>(e + 127) << 23); }
