@@ -296,6 +296,37 @@ TEST_CASE("EF21 without the stage-2 residual keeps the re-quantization error (wh
   CHECK(err > 0.01);
 }
 
+// Zero state is no feedback: every policy's first step gives the bytes of
+// feedback::none; the second differs; reset_feedback() (and the step) brings it back.
+template <class F, class Coll>
+void check_first_step(std::size_t count, const std::vector<float>& x, const std::vector<float>& none) {
+  INFO(F::name);
+  Coll c(harness::comm(), count);
+  std::vector<float> a(count), b(count);
+  harness::call(c, x, a, count);
+  CHECK(a == none);
+  harness::call(c, x, b, count);
+  CHECK(b != none);
+  c.reset_feedback();
+  c.set_step(0);
+  harness::call(c, x, b, count);
+  CHECK(b == none);
+}
+
+TEST_CASE("feedback state starts at zero, evolves, and resets") {
+  const std::size_t count = 3000;
+  const inputs<float> in(input_kind::normal, count, 450);
+  std::vector<float> none(count);
+  ar<float, C2s> plain(harness::comm(), count);
+  harness::call(plain, in.mine(), none, count);
+  check_first_step<feedback::residual<>, ar<float, C2s, feedback::residual<>>>(count, in.mine(), none);
+  check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(count, in.mine(), none);
+  check_first_step<feedback::ef21<>, ar<float, C2s, feedback::ef21<>>>(count, in.mine(), none);
+  check_first_step<feedback::residual<__nv_bfloat16, true>,
+                   ar<float, C2s, feedback::residual<__nv_bfloat16, true>, schedule::pipelined<3>>>(
+      count, in.mine(), none);
+}
+
 TEST_CASE("reduce_scatter: my shard is the exact sum of the decoded frames (one quantization)") {
   const int P = world_size();
   std::uint64_t salt = 500;
@@ -319,7 +350,7 @@ TEST_CASE("reduce_scatter: my shard is the exact sum of the decoded frames (one 
       std::vector<float> buf = in.mine();
       scatter.set_step(0);
       harness::call_in_place(scatter, buf, 0, s.begin, count);
-      CHECK(std::memcmp(buf.data() + s.begin, out.data(), s.count * sizeof(float)) == 0);
+      CHECK(std::equal(out.begin(), out.end(), buf.begin() + s.begin));
     }
   }
 }
@@ -356,7 +387,7 @@ TEST_CASE("all_gather: every rank decodes every shard, identically, within one q
     std::copy(mine.begin(), mine.end(), buf.begin() + s.begin);
     gather.set_step(0);
     harness::call_in_place(gather, buf, s.begin, 0, count);
-    CHECK(std::memcmp(buf.data(), out.data(), count * sizeof(float)) == 0);
+    CHECK(buf == out);
   }
 }
 

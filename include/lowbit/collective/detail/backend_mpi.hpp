@@ -22,6 +22,8 @@ struct backend_impl<backend::mpi> {
   struct stream_type {};
   template <class U>
   using buffer = host_buffer<U>;
+  /// The host executor sums a shard's frames in an fp32 scratch array.
+  static constexpr bool needs_sum_scratch = true;
 
   backend_impl(const comm_type& comm, int /*events*/, int /*streams*/)
       : comm_(&comm),

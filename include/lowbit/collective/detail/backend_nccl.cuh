@@ -39,6 +39,8 @@ struct backend_impl<backend::nccl> {
   using stream_type = cudaStream_t;
   template <class U>
   using buffer = device_buffer<U>;
+  /// The reduce kernels keep the fp32 sum in registers.
+  static constexpr bool needs_sum_scratch = false;
 
   backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
     if (streams > 1) {

@@ -107,7 +107,7 @@ class engine {
     send_ = buffer<std::byte>(send);
     recv_ = buffer<std::byte>(recv);
     gather_ = buffer<std::byte>(gather);
-    acc_ = buffer<float>(shard);
+    if constexpr (impl::needs_sum_scratch) acc_ = buffer<float>(shard);
     if constexpr (Feedback::replicated) tmp_ = buffer<float>(max_count);
     state_ = feedback::state<Feedback, buffer>(max_count, shard);
     const std::size_t slots = static_cast<std::size_t>(Schedule::max_chunks) * P_;
