@@ -35,7 +35,9 @@ count=${COUNT:-67108864}
 for regime in nvlink pcie; do
   env=()
   [[ $regime == pcie ]] && env=(env NCCL_P2P_DISABLE=1)
-  for b in ${BITS_LIST:-4 2 8}; do
+  bits_list=${BITS_LIST:-4 2 8}
+  [[ $regime == pcie ]] && bits_list=${PCIE_BITS_LIST:-4}
+  for b in $bits_list; do
     echo "--- $regime, $b bits, $count floats"
     timeout 60 "${env[@]}" "${mpirun[@]}" "$bin/mpi_nccl_allreduce" --bits "$b" --count "$count" \
       --iters 20 2>&1 | grep -v "^$" | tail -6
