@@ -1,0 +1,275 @@
+// lowbit-perf: timing and checking of one configuration (included by the generated
+// per-configuration translation units).
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <lowbit/collective/nccl.cuh>
+#include <lowbit/comm/mpi_bootstrap.hpp>
+#include <lowbit/lowbit.cuh>
+
+#include "perf.hpp"
+
+namespace lowbit_perf {
+namespace {
+
+// ---- device helpers ---------------------------------------------------------------------
+
+template <class T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
+  else return ncclBfloat16;
+}
+
+/// Deterministic N(0,1)-like inputs from Philox (sum of two uniforms, centred),
+/// different on each rank.
+template <class T>
+__global__ void fill_kernel(T* x, std::size_t n, std::uint32_t rank) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const lowbit::philox_block r = lowbit::philox4x32<7>({{std::uint32_t(i), std::uint32_t(i >> 32), rank, 0x5eed}}, 1234, 5678);
+    const float u = (r.w[0] >> 8) * (1.0f / 16777216.0f) + (r.w[1] >> 8) * (1.0f / 16777216.0f);
+    x[i] = lowbit::from_float<T>(2.449f * (u - 1.0f));
+  }
+}
+
+template <class T>
+__global__ void to_float_kernel(const T* x, float* y, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    y[i] = lowbit::to_float(x[i]);
+}
+
+/// The bits of an element, for bitwise comparison.
+template <class T>
+__device__ std::uint32_t bits_of(const T& x) {
+  if constexpr (sizeof(T) == 4) return *reinterpret_cast<const std::uint32_t*>(&x);
+  else return *reinterpret_cast<const std::uint16_t*>(&x);
+}
+
+/// acc[0] += sum (out - ref)^2, acc[1] += sum ref^2, acc[2] += non-finite outputs,
+/// acc[3] += outputs whose bits differ from `same` (when given).
+template <class T>
+__global__ void compare_kernel(const T* out, const float* ref, const T* same, std::size_t n,
+                               double* acc) {
+  double err = 0, norm = 0, bad = 0, diff = 0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const float o = lowbit::to_float(out[i]);
+    const double d = double(o) - ref[i];
+    if (!isfinite(o)) bad += 1;
+    else err += d * d;
+    norm += double(ref[i]) * ref[i];
+    if (same && bits_of(out[i]) != bits_of(same[i])) diff += 1;
+  }
+  atomicAdd(&acc[0], err);
+  atomicAdd(&acc[1], norm);
+  atomicAdd(&acc[2], bad);
+  atomicAdd(&acc[3], diff);
+}
+
+constexpr int grid_blocks = 1024, block_threads = 256;
+
+/// Times `fn(stream)` with CUDA events: warm-up, then the median of `iters` runs (us).
+template <class Fn>
+double time_median_us(Fn&& fn, cudaStream_t stream, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn(stream);
+  std::vector<cudaEvent_t> ev(iters + 1);
+  for (auto& e : ev) LOWBIT_CUDA_TRY(cudaEventCreate(&e));
+  MPI_Barrier(MPI_COMM_WORLD);
+  LOWBIT_CUDA_TRY(cudaEventRecord(ev[0], stream));
+  for (int i = 0; i < iters; ++i) {
+    fn(stream);
+    LOWBIT_CUDA_TRY(cudaEventRecord(ev[i + 1], stream));
+  }
+  LOWBIT_CUDA_TRY(cudaEventSynchronize(ev[iters]));
+  std::vector<float> t(iters);
+  for (int i = 0; i < iters; ++i) LOWBIT_CUDA_TRY(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::nth_element(t.begin(), t.begin() + iters / 2, t.end());
+  double us = t[iters / 2] * 1e3;
+  // The slowest rank's median is the collective's time.
+  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return us;
+}
+
+struct row {
+  std::size_t bytes, count;
+  double lowbit_us, nccl_us, rel_err, wire_ratio;
+  long wrong;
+};
+
+// ---- one configuration ------------------------------------------------------------------
+
+enum class coll_kind { all_reduce, reduce_scatter, all_gather };
+
+template <class T, class Collective, coll_kind Kind>
+void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
+  using codec = typename Collective::codec_type;
+  const int P = comm.size(), rank = comm.rank();
+  const std::size_t max_count = o.max_bytes / sizeof(T);
+  lowbit::collective_options copts;
+  copts.op = o.op == "avg" ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
+  copts.seed = 2026;
+  Collective coll(comm, max_count, copts);
+
+  cudaStream_t stream;
+  LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  T *in, *out, *nccl_out, *same;
+  float *in_f, *ref;
+  double* acc;
+  LOWBIT_CUDA_TRY(cudaMalloc(&in, max_count * sizeof(T)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&out, max_count * sizeof(T)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&nccl_out, max_count * sizeof(T)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&same, max_count * sizeof(T)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&in_f, max_count * sizeof(float)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&ref, max_count * sizeof(float)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&acc, 4 * sizeof(double)));
+  const ncclRedOp_t nop = o.op == "avg" ? ncclAvg : ncclSum;
+
+  if (rank == 0) {
+    std::printf("# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d\n",
+                o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
+                o.schedule.c_str(), P);
+    std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
+                "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
+                "algbw", "busbw", "speedup", "wire", "rel_err");
+  }
+  const double bus = Kind == coll_kind::all_reduce ? 2.0 * (P - 1) / P : double(P - 1) / P;
+
+  for (double b = double(o.min_bytes); b <= double(o.max_bytes) * 1.0000001; b *= o.factor) {
+    std::size_t count = std::size_t(b) / sizeof(T);
+    if (Kind != coll_kind::all_reduce) count -= count % P;  // NCCL needs equal shards
+    if (count == 0) continue;
+    const std::size_t bytes = count * sizeof(T);
+    fill_kernel<<<grid_blocks, block_threads, 0, stream>>>(in, count, rank);
+    LOWBIT_CHECK_LAUNCH();
+
+    // lowbit and NCCL on the same input buffer.
+    const std::size_t shard = count / P;
+    const auto lowbit_call = [&](cudaStream_t s) {
+      if constexpr (Kind == coll_kind::all_gather) {
+        const auto r = coll.shard(count);
+        coll(in + r.begin, out, count, s);
+      } else {
+        coll(in, out, count, s);
+      }
+    };
+    const auto nccl_call = [&](cudaStream_t s) {
+      if constexpr (Kind == coll_kind::all_reduce) {
+        LOWBIT_NCCL_TRY(ncclAllReduce(in, nccl_out, count, nccl_type<T>(), nop, comm.get(), s));
+      } else if constexpr (Kind == coll_kind::reduce_scatter) {
+        LOWBIT_NCCL_TRY(ncclReduceScatter(in, nccl_out, shard, nccl_type<T>(), nop, comm.get(), s));
+      } else {
+        LOWBIT_NCCL_TRY(ncclAllGather(in + rank * shard, nccl_out, shard, nccl_type<T>(), comm.get(), s));
+      }
+    };
+    const double t_low = time_median_us(lowbit_call, stream, o.warmup, o.iters);
+    const double t_nccl = time_median_us(nccl_call, stream, o.warmup, o.iters);
+
+    row r{bytes, count, t_low, t_nccl, 0, 0, 0};
+    // Wire bytes per rank: lowbit frames vs NCCL's elements (same algorithmic factor).
+    r.wire_ratio = double(bytes) / double(codec::frame_bytes(count));
+    if (o.check) {
+      // Reference: the NCCL collective of fp32 copies (exact to fp32 rounding).
+      to_float_kernel<<<grid_blocks, block_threads, 0, stream>>>(in, in_f, count);
+      LOWBIT_CHECK_LAUNCH();
+      std::size_t check_n = count, ref_offset = 0;
+      coll.set_step(0);
+      lowbit_call(stream);
+      if constexpr (Kind == coll_kind::all_reduce) {
+        LOWBIT_NCCL_TRY(ncclAllReduce(in_f, ref, count, ncclFloat32, nop, comm.get(), stream));
+      } else if constexpr (Kind == coll_kind::reduce_scatter) {
+        LOWBIT_NCCL_TRY(ncclAllReduce(in_f, ref, count, ncclFloat32, nop, comm.get(), stream));
+        const auto sh = coll.shard(count);
+        check_n = sh.count;
+        ref_offset = sh.begin;
+      } else {
+        // Each rank's shard as lowbit cuts it, gathered exactly: broadcast from owners.
+        LOWBIT_NCCL_TRY(ncclGroupStart());
+        for (int p = 0; p < P; ++p) {
+          const auto sh = lowbit::schedule::shard(count, codec::block_size, P, p);
+          LOWBIT_NCCL_TRY(ncclBroadcast(in_f + sh.begin, ref + sh.begin, sh.count, ncclFloat32, p,
+                                        comm.get(), stream));
+        }
+        LOWBIT_NCCL_TRY(ncclGroupEnd());
+      }
+      const T* same_ptr = nullptr;
+      if constexpr (Kind != coll_kind::reduce_scatter) {
+        LOWBIT_NCCL_TRY(ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
+        same_ptr = same;
+      }
+      LOWBIT_CUDA_TRY(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream));
+      compare_kernel<<<grid_blocks, block_threads, 0, stream>>>(out, ref + ref_offset, same_ptr,
+                                                                check_n, acc);
+      LOWBIT_CHECK_LAUNCH();
+      comm.sync(stream);
+      double h[4];
+      LOWBIT_CUDA_TRY(cudaMemcpy(h, acc, sizeof h, cudaMemcpyDeviceToHost));
+      MPI_Allreduce(MPI_IN_PLACE, h, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      r.rel_err = h[1] > 0 ? std::sqrt(h[0] / h[1]) : 0;
+      r.wrong = long(h[2] + h[3]);
+    }
+    if (rank == 0) {
+      const double alg_l = bytes / t_low / 1e3, alg_n = bytes / t_nccl / 1e3;
+      std::printf(" %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld | %10.1f %8.2f %8.2f | %6.2fx %5.2fx %9.2e\n",
+                  bytes, count, o.dtype.c_str(), o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong,
+                  t_nccl, alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
+      std::fflush(stdout);
+      if (csv)
+        std::fprintf(csv, "%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
+                     o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
+                     o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus, t_nccl, alg_n * bus,
+                     t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong);
+    }
+  }
+  comm.sync(stream);
+  for (void* p : {(void*)in, (void*)out, (void*)nccl_out, (void*)same, (void*)in_f, (void*)ref, (void*)acc})
+    cudaFree(p);
+  cudaStreamDestroy(stream);
+}
+
+// ---- dispatch over the compiled configurations --------------------------------------------
+
+template <int Bits>
+using codec_of = lowbit::codec<lowbit::quant::absmax<Bits>, lowbit::round::stochastic>;
+
+}  // namespace
+
+template <class T, int Bits>
+bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
+  using C = codec_of<Bits>;
+  using namespace lowbit;
+  if (o.coll == "reduce_scatter") {
+    run<T, reduce_scatter<T, C>, coll_kind::reduce_scatter>(o, comm, csv);
+  } else if (o.coll == "all_gather") {
+    run<T, all_gather<T, C>, coll_kind::all_gather>(o, comm, csv);
+  } else if (o.coll != "all_reduce") {
+    return false;
+  } else if (o.schedule == "pipelined") {
+    if (o.feedback != "none") return false;
+    run<T, all_reduce<T, C, feedback::none, schedule::pipelined<>>, coll_kind::all_reduce>(o, comm, csv);
+  } else if (o.feedback == "none") {
+    run<T, all_reduce<T, C>, coll_kind::all_reduce>(o, comm, csv);
+  } else if (o.feedback == "residual") {
+    run<T, all_reduce<T, C, feedback::residual<float>>, coll_kind::all_reduce>(o, comm, csv);
+  } else if (o.feedback == "residual_bf16") {
+    run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>>, coll_kind::all_reduce>(o, comm, csv);
+  } else if (o.feedback == "ef21") {
+    run<T, all_reduce<T, C, feedback::ef21<float>>, coll_kind::all_reduce>(o, comm, csv);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace lowbit_perf
