@@ -452,4 +452,14 @@ TEST_CASE("policy traits") {
   STATIC_REQUIRE(std::is_move_constructible_v<ar<float, C4n>>);
 }
 
+TEST_CASE("workspace is sized at construction: frames of P pieces plus the feedback state") {
+  const std::size_t n = 100000;
+  ar<float, C4n> plain(harness::comm(), n);
+  ar<float, C4n, feedback::residual<>> ef(harness::comm(), n);
+  const std::size_t frames = C4n::frame_bytes(n);
+  CHECK(plain.workspace_bytes() >= 2 * frames);   // the all-to-all's send and receive sides
+  CHECK(plain.workspace_bytes() <= 8 * frames + 4 * n + (1u << 16));
+  CHECK(ef.workspace_bytes() >= plain.workspace_bytes() + 4 * n);  // the residual
+}
+
 }  // namespace lowbit::test

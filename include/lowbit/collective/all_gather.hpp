@@ -56,6 +56,8 @@ class all_gather {
   }
 
   std::size_t max_count() const noexcept { return engine_.max_count(); }
+  /// Bytes of workspace and feedback state allocated at construction.
+  std::size_t workspace_bytes() const noexcept { return engine_.workspace_bytes(); }
   int size() const noexcept { return engine_.size(); }
   int rank() const noexcept { return engine_.rank(); }
   std::uint32_t step() const noexcept { return engine_.step(); }

@@ -71,6 +71,8 @@ class all_reduce {
 
   /// The largest count a call accepts.
   std::size_t max_count() const noexcept { return engine_.max_count(); }
+  /// Bytes of workspace and feedback state allocated at construction.
+  std::size_t workspace_bytes() const noexcept { return engine_.workspace_bytes(); }
   /// Ranks of the communicator, and this rank.
   int size() const noexcept { return engine_.size(); }
   int rank() const noexcept { return engine_.rank(); }
@@ -134,6 +136,8 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   }
 
   std::size_t max_count() const noexcept { return engine_.max_count(); }
+  /// Bytes of workspace and feedback state allocated at construction.
+  std::size_t workspace_bytes() const noexcept { return engine_.workspace_bytes(); }
   int size() const noexcept { return engine_.size(); }
   int rank() const noexcept { return engine_.rank(); }
   std::uint32_t step() const noexcept { return engine_.step(); }

@@ -130,6 +130,11 @@ class state {
   /// EF21's replicated g (nullptr for other policies).
   float* replicated() const { return const_cast<float*>(replicated_.data()); }
 
+  /// Bytes of state held.
+  std::size_t bytes() const noexcept {
+    return sizeof(R) * (worker_.size() + stage2_.size()) + sizeof(float) * replicated_.size();
+  }
+
   /// Forgets all feedback (e.g. after a skipped step or a change of bucket layout).
   void reset() {
     worker_.zero();

@@ -122,6 +122,11 @@ class engine {
   }
 
   std::size_t max_count() const noexcept { return max_count_; }
+  /// Bytes of workspace and feedback state this object holds (host or device memory).
+  std::size_t workspace_bytes() const noexcept {
+    return send_.size() + recv_.size() + gather_.size() + sizeof(float) * (acc_.size() + tmp_.size()) +
+           state_.bytes();
+  }
   int size() const noexcept { return P_; }
   int rank() const noexcept { return rank_; }
   std::uint32_t step() const noexcept { return step_; }
