@@ -58,7 +58,8 @@ std::size_t parse_size(const char* s) {
       "  --bits <b>              code width: 1, 2, 4 or 8              [4]\n"
       "  --feedback <f>          none | residual | residual_bf16 | ef21 (all_reduce) [none]\n"
       "  --schedule <s>          flat | pipelined (all_reduce)         [flat]\n"
-      "  --csv <file>            also write the rows as CSV (rank 0)\n");
+      "  --csv <file>            also append the rows as CSV (rank 0)\n"
+      "  --regime <label>        link-regime label for the CSV rows     [default]\n");
   std::exit(code);
 }
 
@@ -83,6 +84,7 @@ options parse(int argc, char** argv) {
     else if (a == "--feedback") o.feedback = next();
     else if (a == "--schedule") o.schedule = next();
     else if (a == "--csv") o.csv = next();
+    else if (a == "--regime") o.regime = next();
     else if (a == "-h" || a == "--help") usage(0);
     else {
       std::fprintf(stderr, "lowbit-perf: unknown argument %s\n", a.c_str());
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
     if (!o.csv.empty() && comm.rank() == 0) {
       csv = std::fopen(o.csv.c_str(), "a");
       if (!csv) throw std::runtime_error("cannot open " + o.csv);
-      std::fprintf(csv, "coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
+      std::fprintf(csv, "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
                         "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong\n");
     }
     bool ok = false;

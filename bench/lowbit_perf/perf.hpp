@@ -19,6 +19,7 @@ struct options {
   int iters = 20, warmup = 5, check = 1;
   std::string dtype = "float", op = "sum", coll = "all_reduce", feedback = "none";
   std::string schedule = "flat", csv;
+  std::string regime = "default";  ///< a label for the CSV (e.g. nvlink, pcie, net)
   int bits = 4;
 };
 

@@ -226,9 +226,9 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
                   t_nccl, alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
       std::fflush(stdout);
       if (csv)
-        std::fprintf(csv, "%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
-                     o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
-                     o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus, t_nccl, alg_n * bus,
+        std::fprintf(csv, "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
+                     o.regime.c_str(), o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits,
+                     o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus, t_nccl, alg_n * bus,
                      t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong);
     }
   }
