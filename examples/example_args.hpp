@@ -19,20 +19,35 @@ struct args {
   int iters = 20;
   std::uint64_t seed = 1;
   bool avg = false;
+  bool flat = false;  ///< schedule::flat instead of pipelined<4> (NCCL example)
 };
 
 inline args parse(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "%s needs a value\n", k.c_str()), std::exit(2), ""); };
-    if (k == "--bits") a.bits = std::atoi(next());
-    else if (k == "--count") a.count = std::strtoull(next(), nullptr, 10);
-    else if (k == "--iters") a.iters = std::atoi(next());
-    else if (k == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
-    else if (k == "--avg") a.avg = true;
+    auto next = [&] {
+      return i + 1 < argc
+                 ? argv[++i]
+                 : (std::fprintf(stderr, "%s needs a value\n", k.c_str()), std::exit(2), "");
+    };
+    if (k == "--bits")
+      a.bits = std::atoi(next());
+    else if (k == "--count")
+      a.count = std::strtoull(next(), nullptr, 10);
+    else if (k == "--iters")
+      a.iters = std::atoi(next());
+    else if (k == "--seed")
+      a.seed = std::strtoull(next(), nullptr, 10);
+    else if (k == "--avg")
+      a.avg = true;
+    else if (k == "--flat")
+      a.flat = true;
     else {
-      std::fprintf(stderr, "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg]\n", argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat]\n",
+          argv[0]);
       std::exit(k == "--help" || k == "-h" ? 0 : 2);
     }
   }
@@ -43,10 +58,14 @@ inline args parse(int argc, char** argv) {
 template <template <int> class Codec>
 std::size_t frame_bytes(int bits, std::size_t count) {
   switch (bits) {
-    case 1: return Codec<1>::frame_bytes(count);
-    case 2: return Codec<2>::frame_bytes(count);
-    case 4: return Codec<4>::frame_bytes(count);
-    default: return Codec<8>::frame_bytes(count);
+    case 1:
+      return Codec<1>::frame_bytes(count);
+    case 2:
+      return Codec<2>::frame_bytes(count);
+    case 4:
+      return Codec<4>::frame_bytes(count);
+    default:
+      return Codec<8>::frame_bytes(count);
   }
 }
 

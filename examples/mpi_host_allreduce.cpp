@@ -43,12 +43,14 @@ int main(int argc, char** argv) {
                     MPI_COMM_WORLD);
     const double t_mpi = (MPI_Wtime() - t0) / a.iters;
     if (comm.rank() == 0) {
-      std::printf("ranks %d, count %zu floats, %d bits (host backend)\n", comm.size(), a.count, a.bits);
+      std::printf("ranks %d, count %zu floats, %d bits (host backend)\n", comm.size(), a.count,
+                  a.bits);
       std::printf("time per all-reduce: lowbit %.3f ms, MPI_Allreduce fp32 %.3f ms, ratio %.2fx\n",
                   t_lowbit * 1e3, t_mpi * 1e3, t_mpi / t_lowbit);
-      std::printf("frame bytes at %d bits: %.1f%% of fp32 (each value crosses the wire twice, "
-                  "as in a ring all-reduce)\n",
-                  a.bits, 100.0 * example::frame_bytes<codec>(a.bits, a.count) / (4.0 * a.count));
+      std::printf(
+          "frame bytes at %d bits: %.1f%% of fp32 (each value crosses the wire twice, "
+          "as in a ring all-reduce)\n",
+          a.bits, 100.0 * example::frame_bytes<codec>(a.bits, a.count) / (4.0 * a.count));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpi_host_allreduce: %s\n", e.what());

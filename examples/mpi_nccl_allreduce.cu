@@ -31,11 +31,7 @@ int main(int argc, char** argv) {
     lowbit::collective_options opts;
     opts.seed = a.seed;
     opts.op = a.avg ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
-    {
-      lowbit::dynamic_all_reduce<float, codec, lowbit::bit_widths<1, 2, 4, 8>, lowbit::feedback::none,
-                                 lowbit::schedule::pipelined<4>>
-          reduce(comm, a.count, opts);
-
+    auto run = [&](auto& reduce, const char* schedule) {
       const auto in = example::input(a.count, rank, a.seed);
       std::vector<float> out(a.count);
       float *d_in = nullptr, *d_out = nullptr;
@@ -45,7 +41,8 @@ int main(int argc, char** argv) {
 
       reduce(d_in, d_out, a.count, a.bits, stream);
       comm.sync(stream);
-      LOWBIT_CUDA_TRY(cudaMemcpy(out.data(), d_out, a.count * sizeof(float), cudaMemcpyDeviceToHost));
+      LOWBIT_CUDA_TRY(
+          cudaMemcpy(out.data(), d_out, a.count * sizeof(float), cudaMemcpyDeviceToHost));
       example::report_error(in, out, a.avg);
 
       cudaEvent_t e0, e1;
@@ -67,12 +64,13 @@ int main(int argc, char** argv) {
       };
       const double t_lowbit = time([&] { reduce(d_in, d_out, a.count, a.bits, stream); });
       const double t_nccl = time([&] {
-        LOWBIT_NCCL_TRY(ncclAllReduce(d_in, d_out, a.count, ncclFloat, ncclSum, comm.get(), stream));
+        LOWBIT_NCCL_TRY(
+            ncclAllReduce(d_in, d_out, a.count, ncclFloat, ncclSum, comm.get(), stream));
       });
       if (rank == 0) {
         const double bytes = 4.0 * a.count, bus = 2.0 * (P - 1) / P;
-        std::printf("ranks %d (GPU %d on rank 0), count %zu floats (%.1f MiB), %d bits, pipelined<4>\n",
-                    P, dev, a.count, bytes / (1 << 20), a.bits);
+        std::printf("ranks %d (GPU %d on rank 0), count %zu floats (%.1f MiB), %d bits, %s\n", P,
+                    dev, a.count, bytes / (1 << 20), a.bits, schedule);
         std::printf("%-22s %10s %12s %12s\n", "", "time(ms)", "algbw(GB/s)", "busbw(GB/s)");
         std::printf("%-22s %10.3f %12.2f %12.2f\n", "lowbit all_reduce", t_lowbit,
                     bytes / t_lowbit / 1e6, bytes / t_lowbit / 1e6 * bus);
@@ -85,6 +83,18 @@ int main(int argc, char** argv) {
       cudaEventDestroy(e1);
       cudaFree(d_in);
       cudaFree(d_out);
+    };
+    using widths = lowbit::bit_widths<1, 2, 4, 8>;
+    if (a.flat) {
+      lowbit::dynamic_all_reduce<float, codec, widths, lowbit::feedback::none,
+                                 lowbit::schedule::flat>
+          reduce(comm, a.count, opts);
+      run(reduce, "flat");
+    } else {
+      lowbit::dynamic_all_reduce<float, codec, widths, lowbit::feedback::none,
+                                 lowbit::schedule::pipelined<4>>
+          reduce(comm, a.count, opts);
+      run(reduce, "pipelined<4>");
     }
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {

@@ -83,20 +83,26 @@ void check_all_reduce(std::size_t count, reduce_op op, input_kind kind, std::uin
   CHECK(std::memcmp(sim.data(), out.data(), count * sizeof(T)) == 0);
 }
 
-TEST_CASE("all_reduce: within the codec's bound of fp64, equal to the host simulation, identical on all ranks") {
+TEST_CASE(
+    "all_reduce: within the codec's bound of fp64, equal to the host simulation, identical on all "
+    "ranks") {
   std::uint64_t salt = 1;
   for (std::size_t count : test_counts()) {
     check_all_reduce<float, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal, salt++);
     check_all_reduce<float, C2s, schedule::flat>(count, reduce_op::avg, input_kind::normal, salt++);
-    check_all_reduce<float, C4n, schedule::pipelined<3>>(count, reduce_op::avg, input_kind::normal, salt++);
-    check_all_reduce<float, C2s, schedule::pipelined<4>>(count, reduce_op::sum, input_kind::normal, salt++);
+    check_all_reduce<float, C4n, schedule::pipelined<3>>(count, reduce_op::avg, input_kind::normal,
+                                                         salt++);
+    check_all_reduce<float, C2s, schedule::pipelined<4>>(count, reduce_op::sum, input_kind::normal,
+                                                         salt++);
   }
 }
 
 TEST_CASE("all_reduce: half and bfloat16 elements (fp32 accumulation)") {
   for (std::size_t count : {std::size_t(1000), std::size_t(4099)}) {
-    check_all_reduce<__nv_bfloat16, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal, 101);
-    check_all_reduce<__half, C2s, schedule::pipelined<2>>(count, reduce_op::avg, input_kind::normal, 102);
+    check_all_reduce<__nv_bfloat16, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal,
+                                                         101);
+    check_all_reduce<__half, C2s, schedule::pipelined<2>>(count, reduce_op::avg, input_kind::normal,
+                                                          102);
   }
 }
 
@@ -132,11 +138,15 @@ TEST_CASE("all_reduce: in place") {
 // bitscom's 2-GPU cases: max |lowbit - host simulation| < 1e-4 (here: bitwise equal),
 // and within the codec's bound of the exact sum.
 TEST_CASE("all_reduce: bitscom's acceptance cases") {
-  check_all_reduce<float, absmax_nearest<4>, schedule::flat>(1031, reduce_op::sum, input_kind::linspace, 201);
-  check_all_reduce<float, absmax_nearest<2>, schedule::flat>(4099, reduce_op::sum, input_kind::normal, 202);
+  check_all_reduce<float, absmax_nearest<4>, schedule::flat>(1031, reduce_op::sum,
+                                                             input_kind::linspace, 201);
+  check_all_reduce<float, absmax_nearest<2>, schedule::flat>(4099, reduce_op::sum,
+                                                             input_kind::normal, 202);
   check_all_reduce<float, C1n, schedule::flat>(2048, reduce_op::sum, input_kind::alternating, 203);
-  check_all_reduce<float, absmax_nearest<4>, schedule::flat>(512, reduce_op::sum, input_kind::smooth, 204);
-  check_all_reduce<float, absmax_nearest<2>, schedule::flat>(777, reduce_op::sum, input_kind::spikes, 205);
+  check_all_reduce<float, absmax_nearest<4>, schedule::flat>(512, reduce_op::sum,
+                                                             input_kind::smooth, 204);
+  check_all_reduce<float, absmax_nearest<2>, schedule::flat>(777, reduce_op::sum,
+                                                             input_kind::spikes, 205);
 
   SECTION("1 bit keeps the sign (bitscom loses it)") {
     const std::size_t count = 2048;
@@ -167,7 +177,8 @@ TEST_CASE("all_reduce: ones * (rank + 1) at 4 bits sums to count * sum(1..P) wit
   run(codec<quant::absmax<4, 128, quant::grid::zero>, round::nearest>{});
 }
 
-TEST_CASE("all_reduce: stochastic runs differ, stay near the deterministic result, agree across ranks") {
+TEST_CASE(
+    "all_reduce: stochastic runs differ, stay near the deterministic result, agree across ranks") {
   const std::size_t count = 4099;
   const inputs<float> in(input_kind::normal, count, 301);
   std::vector<float> det(count), s1(count), s2(count);
@@ -209,7 +220,9 @@ TEST_CASE("all_reduce: reproducible with a seed, step after step") {
   }
 }
 
-TEST_CASE("all_reduce: a block holding inf or nan decodes to nan on every rank, other blocks stay finite") {
+TEST_CASE(
+    "all_reduce: a block holding inf or nan decodes to nan on every rank, other blocks stay "
+    "finite") {
   const std::size_t count = 1000;
   const int P = world_size();
   inputs<float> in(input_kind::normal, count, 303);
@@ -246,11 +259,14 @@ void check_classic_ef(int steps, double factor) {
     harness::call(reduce, in.mine(), out, count);
     for (std::size_t i = 0; i < count; ++i) mean[i] += out[i];
     if (t == 1)
-      for (std::size_t i = 0; i < count; ++i) first = std::max(first, std::abs(out[i] - in.exact[i]));
+      for (std::size_t i = 0; i < count; ++i)
+        first = std::max(first, std::abs(out[i] - in.exact[i]));
   }
   double last = 0;
-  for (std::size_t i = 0; i < count; ++i) last = std::max(last, std::abs(mean[i] / steps - in.exact[i]));
-  INFO(F::name << ": error of one step " << first << ", of the mean of " << steps << " steps " << last);
+  for (std::size_t i = 0; i < count; ++i)
+    last = std::max(last, std::abs(mean[i] / steps - in.exact[i]));
+  INFO(F::name << ": error of one step " << first << ", of the mean of " << steps << " steps "
+               << last);
   CHECK(first > 0.01);
   CHECK(last <= first * factor);
   CHECK(same_on_all_ranks(out.data(), count * sizeof(float)));
@@ -288,7 +304,8 @@ TEST_CASE("EF21: the output converges to the exact mean") {
   check_ef21<feedback::ef21<float>>(60);  // bf16 g_i is refused at compile time: it drifts
 }
 
-TEST_CASE("EF21 without the stage-2 residual keeps the re-quantization error (why it is the default)") {
+TEST_CASE(
+    "EF21 without the stage-2 residual keeps the re-quantization error (why it is the default)") {
   const std::size_t count = 2500;
   const inputs<float> in(input_kind::constant_normal, count, 403, 1.0 / world_size());
   collective_options o;
@@ -304,7 +321,8 @@ TEST_CASE("EF21 without the stage-2 residual keeps the re-quantization error (wh
 // Zero state is no feedback: every policy's first step gives the bytes of
 // feedback::none; the second differs; reset_feedback() (and the step) brings it back.
 template <class F, class Coll>
-void check_first_step(std::size_t count, const std::vector<float>& x, const std::vector<float>& none) {
+void check_first_step(std::size_t count, const std::vector<float>& x,
+                      const std::vector<float>& none) {
   INFO(F::name);
   Coll c(harness::comm(), count);
   std::vector<float> a(count), b(count);
@@ -324,8 +342,10 @@ TEST_CASE("feedback state starts at zero, evolves, and resets") {
   std::vector<float> none(count);
   ar<float, C2s> plain(harness::comm(), count);
   harness::call(plain, in.mine(), none, count);
-  check_first_step<feedback::residual<>, ar<float, C2s, feedback::residual<>>>(count, in.mine(), none);
-  check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(count, in.mine(), none);
+  check_first_step<feedback::residual<>, ar<float, C2s, feedback::residual<>>>(count, in.mine(),
+                                                                               none);
+  check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(
+      count, in.mine(), none);
   check_first_step<feedback::ef21<>, ar<float, C2s, feedback::ef21<>>>(count, in.mine(), none);
   check_first_step<feedback::residual<__nv_bfloat16, true>,
                    ar<float, C2s, feedback::residual<__nv_bfloat16, true>, schedule::pipelined<3>>>(
@@ -370,7 +390,8 @@ TEST_CASE("reduce_scatter with EF21: my shard converges to the exact mean") {
   std::vector<float> out(s.count);
   for (int t = 0; t < 60; ++t) harness::call(scatter, in.mine(), out, count);
   double err = 0;
-  for (std::size_t i = 0; i < s.count; ++i) err = std::max(err, std::abs(out[i] - in.exact[s.begin + i]));
+  for (std::size_t i = 0; i < s.count; ++i)
+    err = std::max(err, std::abs(out[i] - in.exact[s.begin + i]));
   CHECK(err <= 1e-5);
 }
 
@@ -429,7 +450,8 @@ TEST_CASE("bad input throws lowbit::invalid_argument before any byte is sent") {
   CHECK_THROWS_AS(harness::call(reduce, in.mine(), out, count + 1), lowbit::invalid_argument);
   CHECK_THROWS_WITH(harness::call(reduce, in.mine(), out, count + 1), Catch::Contains("max_count"));
   CHECK_THROWS_AS(harness::call_raw(reduce, nullptr, out.data(), count), lowbit::invalid_argument);
-  CHECK_THROWS_AS(harness::call_raw(reduce, in.mine().data(), nullptr, count), lowbit::invalid_argument);
+  CHECK_THROWS_AS(harness::call_raw(reduce, in.mine().data(), nullptr, count),
+                  lowbit::invalid_argument);
   CHECK_NOTHROW(harness::call_raw(reduce, nullptr, nullptr, 0));  // count 0: a no-op
   CHECK_THROWS_AS(harness::call_typed(reduce, in.mine(), out, count, data_type::bfloat16),
                   lowbit::invalid_argument);
@@ -457,7 +479,7 @@ TEST_CASE("workspace is sized at construction: frames of P pieces plus the feedb
   ar<float, C4n> plain(harness::comm(), n);
   ar<float, C4n, feedback::residual<>> ef(harness::comm(), n);
   const std::size_t frames = C4n::frame_bytes(n);
-  CHECK(plain.workspace_bytes() >= 2 * frames);   // the all-to-all's send and receive sides
+  CHECK(plain.workspace_bytes() >= 2 * frames);  // the all-to-all's send and receive sides
   CHECK(plain.workspace_bytes() <= 8 * frames + 4 * n + (1u << 16));
   CHECK(ef.workspace_bytes() >= plain.workspace_bytes() + 4 * n);  // the residual
 }

@@ -56,8 +56,12 @@ inline std::vector<float> make_input(input_kind kind, std::size_t count, int ran
   std::vector<float> x(count);
   for (std::size_t i = 0; i < count; ++i) {
     switch (kind) {
-      case input_kind::normal: x[i] = n01(g); break;
-      case input_kind::constant_normal: x[i] = n01(g); break;
+      case input_kind::normal:
+        x[i] = n01(g);
+        break;
+      case input_kind::constant_normal:
+        x[i] = n01(g);
+        break;
       case input_kind::linspace:  // linspace(-2.5, 3) + 0.037 * rank
         x[i] = static_cast<float>(-2.5 + 5.5 * (count > 1 ? double(i) / double(count - 1) : 0.0) +
                                   0.037 * rank);
@@ -71,7 +75,9 @@ inline std::vector<float> make_input(input_kind kind, std::size_t count, int ran
       case input_kind::spikes:  // 1.5 * randn + 0.031 * rank, a spike every 17th element
         x[i] = i % 17 == 0 ? 25.0f + rank : 1.5f * n01(g) + 0.031f * rank;
         break;
-      case input_kind::ones: x[i] = static_cast<float>(rank + 1); break;
+      case input_kind::ones:
+        x[i] = static_cast<float>(rank + 1);
+        break;
     }
   }
   if (kind == input_kind::normal) {  // 1.5 * randn + 0.031 * rank, like bitscom's 2-bit case
@@ -196,10 +202,9 @@ std::vector<T> simulate_all_reduce(const std::vector<std::vector<T>>& xs, std::s
       host::encode<Codec>(span<const T>(xs[p].data() + s.begin, s.count),
                           span<std::byte>(frames.data() + p * fb, fb),
                           rng_key{seed, step, static_cast<std::uint32_t>(p), 0}, s.begin);
-    host::decode_accumulate_encode<Codec>(frames.data(), fb, P, span<float>(acc.data(), s.count),
-                                          span<std::byte>(red.data(), fb),
-                                          rng_key{seed, step, static_cast<std::uint32_t>(q), 1},
-                                          s.begin);
+    host::decode_accumulate_encode<Codec>(
+        frames.data(), fb, P, span<float>(acc.data(), s.count), span<std::byte>(red.data(), fb),
+        rng_key{seed, step, static_cast<std::uint32_t>(q), 1}, s.begin);
     host::decode<Codec>(span<const std::byte>(red.data(), fb),
                         span<T>(out.data() + s.begin, s.count), scale);
   }

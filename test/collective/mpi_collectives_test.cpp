@@ -1,7 +1,7 @@
 // The collectives on the host (MPI) backend, on 2, 3 and 4 ranks.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <vector>
 

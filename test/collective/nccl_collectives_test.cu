@@ -1,8 +1,8 @@
 // The collectives on the NCCL backend (2 GPUs, one MPI rank each): the shared cases,
 // host-vs-device bit-exactness of the whole all_reduce, and CUDA-graph capture.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <memory>
@@ -125,10 +125,13 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
   using C4s = codec<quant::absmax<4, 128>, round::stochastic>;
   using C2n = codec<quant::absmax<2, 64>, round::nearest>;
   using C8s = codec<quant::absmax<8, 256>, round::stochastic>;
-  for (std::size_t count : {std::size_t(1), std::size_t(1000), std::size_t(100003), std::size_t(1) << 20}) {
+  for (std::size_t count :
+       {std::size_t(1), std::size_t(1000), std::size_t(100003), std::size_t(1) << 20}) {
     check_host_device<float, C4s, feedback::none, schedule::flat>(count, 2, 1);
-    check_host_device<float, C2n, feedback::residual<float, true>, schedule::pipelined<4>>(count, 3, 2);
-    check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(count, 3, 3);
+    check_host_device<float, C2n, feedback::residual<float, true>, schedule::pipelined<4>>(count, 3,
+                                                                                           2);
+    check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(count,
+                                                                                             3, 3);
     check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2>>(count, 3, 4);
     check_host_device<__half, C2n, feedback::none, schedule::pipelined<3>>(count, 1, 5);
   }

@@ -15,7 +15,7 @@ TEST_CASE("shards are whole blocks that cover the tensor once, in rank order") {
         for (int p = 0; p < P; ++p) {
           const auto s = schedule::shard(count, block, P, p);
           CHECK(s.begin == next);
-          if (s.count > 0) CHECK(s.begin % block == 0);  // empty shards sit at the end
+          if (s.count > 0) CHECK(s.begin % block == 0);       // empty shards sit at the end
           if (s.end() != count) CHECK(s.count % block == 0);  // only the last one is partial
           if (p == 0) biggest = s.count;
           CHECK(s.count <= biggest + 0);  // the first shard is the largest

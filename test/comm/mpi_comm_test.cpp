@@ -1,7 +1,7 @@
 // The MPI communicator wrapper.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <utility>
 

@@ -1,7 +1,7 @@
 // The NCCL communicator wrapper and the MPI bootstrap (2 GPUs, one MPI rank each).
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <utility>
 

@@ -31,8 +31,7 @@ class reduce_scatter {
   using comm_type = typename engine_type::comm_type;
   using stream_type = typename engine_type::stream_type;
 
-  reduce_scatter(const comm_type& comm, std::size_t max_count,
-                 const collective_options& opts = {})
+  reduce_scatter(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
       : engine_(comm, max_count, opts, "lowbit::reduce_scatter") {}
 
   reduce_scatter(reduce_scatter&&) = default;

@@ -30,7 +30,8 @@ constexpr data_type data_type_of() {
     return data_type::bfloat16;
 #endif
   } else {
-    static_assert(dependent_false<T>, "lowbit: the element type must be float, __half or __nv_bfloat16");
+    static_assert(dependent_false<T>,
+                  "lowbit: the element type must be float, __half or __nv_bfloat16");
     return data_type::float32;
   }
 }
@@ -38,9 +39,12 @@ constexpr data_type data_type_of() {
 /// Name of a data_type, for messages.
 inline const char* to_string(data_type t) {
   switch (t) {
-    case data_type::float32: return "float32";
-    case data_type::float16: return "float16";
-    case data_type::bfloat16: return "bfloat16";
+    case data_type::float32:
+      return "float32";
+    case data_type::float16:
+      return "float16";
+    case data_type::bfloat16:
+      return "bfloat16";
   }
   return "?";
 }

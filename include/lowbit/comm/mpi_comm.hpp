@@ -11,17 +11,17 @@
 /// Calls an MPI function and throws lowbit::mpi_error when it does not return
 /// MPI_SUCCESS (the communicator's error handler must be MPI_ERRORS_RETURN for MPI to
 /// return instead of aborting; mpi_comm sets it on the communicators it owns).
-#define LOWBIT_MPI_TRY(call)                                                        \
-  do {                                                                              \
-    const int lowbit_status_ = (call);                                              \
-    if (lowbit_status_ != MPI_SUCCESS) {                                            \
-      char lowbit_msg_[MPI_MAX_ERROR_STRING];                                       \
-      int lowbit_len_ = 0;                                                          \
-      MPI_Error_string(lowbit_status_, lowbit_msg_, &lowbit_len_);                  \
-      throw ::lowbit::mpi_error(__FILE__, __LINE__, lowbit_status_,                 \
-                                std::string(#call " failed: ") +                    \
-                                    std::string(lowbit_msg_, lowbit_len_));         \
-    }                                                                               \
+#define LOWBIT_MPI_TRY(call)                                                       \
+  do {                                                                             \
+    const int lowbit_status_ = (call);                                             \
+    if (lowbit_status_ != MPI_SUCCESS) {                                           \
+      char lowbit_msg_[MPI_MAX_ERROR_STRING];                                      \
+      int lowbit_len_ = 0;                                                         \
+      MPI_Error_string(lowbit_status_, lowbit_msg_, &lowbit_len_);                 \
+      throw ::lowbit::mpi_error(                                                   \
+          __FILE__, __LINE__, lowbit_status_,                                      \
+          std::string(#call " failed: ") + std::string(lowbit_msg_, lowbit_len_)); \
+    }                                                                              \
   } while (0)
 
 namespace lowbit::comm {

@@ -73,9 +73,9 @@ inline range blocks_to_elements(range b, std::size_t block, std::size_t count) {
 /// Shard `rank` of `ranks` of a tensor of `count` elements cut in blocks of `block`.
 inline range shard(std::size_t count, std::size_t block, int ranks, int rank) {
   const std::size_t nblocks = (count + block - 1) / block;
-  return blocks_to_elements(split_blocks(nblocks, static_cast<std::size_t>(ranks),
-                                         static_cast<std::size_t>(rank)),
-                            block, count);
+  return blocks_to_elements(
+      split_blocks(nblocks, static_cast<std::size_t>(ranks), static_cast<std::size_t>(rank)), block,
+      count);
 }
 
 /// How many chunks Schedule cuts `count` elements into (blocks of `block`, `ranks`
@@ -91,9 +91,9 @@ int num_chunks(std::size_t count, std::size_t block, int ranks) {
 /// Piece `k` of `chunks` of the shard `s` (s.begin a multiple of `block`).
 inline range piece(range s, std::size_t block, int chunks, int k) {
   const std::size_t nblocks = (s.count + block - 1) / block;
-  range r = blocks_to_elements(split_blocks(nblocks, static_cast<std::size_t>(chunks),
-                                            static_cast<std::size_t>(k)),
-                               block, s.count);
+  range r = blocks_to_elements(
+      split_blocks(nblocks, static_cast<std::size_t>(chunks), static_cast<std::size_t>(k)), block,
+      s.count);
   r.begin += s.begin;
   return r;
 }

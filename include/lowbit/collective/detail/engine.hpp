@@ -124,8 +124,8 @@ class engine {
   std::size_t max_count() const noexcept { return max_count_; }
   /// Bytes of workspace and feedback state this object holds (host or device memory).
   std::size_t workspace_bytes() const noexcept {
-    return send_.size() + recv_.size() + gather_.size() + sizeof(float) * (acc_.size() + tmp_.size()) +
-           state_.bytes();
+    return send_.size() + recv_.size() + gather_.size() +
+           sizeof(float) * (acc_.size() + tmp_.size()) + state_.bytes();
   }
   int size() const noexcept { return P_; }
   int rank() const noexcept { return rank_; }
@@ -212,8 +212,8 @@ class engine {
         be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
                               state_.replicated() + pc.begin, dst);
       } else {
-        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst,
-                                   scale, acc_.data());
+        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst, scale,
+                                   acc_.data());
       }
     }
     be_.end();
@@ -234,8 +234,8 @@ class engine {
       const schedule::range pc = schedule::piece(mine, B, K, k);
       if (pc.count > 0) {
         be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count,
-                                   gather_.data() + gather_off_[k] + rank_ * gather_slot_[k],
-                                   key0, pc.begin, state_.worker_ref().shifted(pc.begin));
+                                   gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
+                                   pc.begin, state_.worker_ref().shifted(pc.begin));
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
@@ -246,8 +246,8 @@ class engine {
         const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
         if (pc.count == 0) continue;
         be_.template decode<Codec>(lane::compute,
-                                   gather_.data() + gather_off_[k] + p * gather_slot_[k],
-                                   pc.count, out + pc.begin, 1.0f);
+                                   gather_.data() + gather_off_[k] + p * gather_slot_[k], pc.count,
+                                   out + pc.begin, 1.0f);
       }
     }
     be_.end();

@@ -15,7 +15,7 @@ class host_buffer {
   host_buffer() = default;
   explicit host_buffer(std::size_t n) : size_(n) {
     if (n > 0) {
-      data_ = static_cast<U*>(::operator new(n * sizeof(U), std::align_val_t{64}));
+      data_ = static_cast<U*>(::operator new (n * sizeof(U), std::align_val_t{64}));
       zero();
     }
   }
@@ -42,7 +42,7 @@ class host_buffer {
 
  private:
   void release() noexcept {
-    if (data_) ::operator delete(static_cast<void*>(data_), std::align_val_t{64});
+    if (data_) ::operator delete (static_cast<void*>(data_), std::align_val_t{64});
     data_ = nullptr;
     size_ = 0;
   }
