@@ -90,10 +90,10 @@ TEST_CASE(
   for (std::size_t count : test_counts()) {
     check_all_reduce<float, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal, salt++);
     check_all_reduce<float, C2s, schedule::flat>(count, reduce_op::avg, input_kind::normal, salt++);
-    check_all_reduce<float, C4n, schedule::pipelined<3>>(count, reduce_op::avg, input_kind::normal,
-                                                         salt++);
-    check_all_reduce<float, C2s, schedule::pipelined<4>>(count, reduce_op::sum, input_kind::normal,
-                                                         salt++);
+    check_all_reduce<float, C4n, schedule::pipelined<3, 1>>(count, reduce_op::avg,
+                                                            input_kind::normal, salt++);
+    check_all_reduce<float, C2s, schedule::pipelined<4, 1>>(count, reduce_op::sum,
+                                                            input_kind::normal, salt++);
   }
 }
 
@@ -101,8 +101,8 @@ TEST_CASE("all_reduce: half and bfloat16 elements (fp32 accumulation)") {
   for (std::size_t count : {std::size_t(1000), std::size_t(4099)}) {
     check_all_reduce<__nv_bfloat16, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal,
                                                          101);
-    check_all_reduce<__half, C2s, schedule::pipelined<2>>(count, reduce_op::avg, input_kind::normal,
-                                                          102);
+    check_all_reduce<__half, C2s, schedule::pipelined<2, 1>>(count, reduce_op::avg,
+                                                             input_kind::normal, 102);
   }
 }
 
@@ -113,7 +113,7 @@ TEST_CASE("all_reduce: pipelined chunks give the same bytes as flat, feedback st
   o.seed = 99;
   using F = feedback::residual<float, true>;
   ar<float, C2s, F> flat(harness::comm(), count, o);
-  ar<float, C2s, F, schedule::pipelined<4>> piped(harness::comm(), count, o);
+  ar<float, C2s, F, schedule::pipelined<4, 1>> piped(harness::comm(), count, o);
   int differ = 0;
   for (int step = 0; step < 3; ++step) {
     std::vector<float> a(count), b(count);
@@ -127,7 +127,7 @@ TEST_CASE("all_reduce: pipelined chunks give the same bytes as flat, feedback st
 TEST_CASE("all_reduce: in place") {
   const std::size_t count = 4099;
   const inputs<float> in(input_kind::normal, count, 8);
-  ar<float, C4n, feedback::none, schedule::pipelined<2>> reduce(harness::comm(), count);
+  ar<float, C4n, feedback::none, schedule::pipelined<2, 1>> reduce(harness::comm(), count);
   std::vector<float> outp(count), buf = in.mine();
   harness::call(reduce, in.mine(), outp, count);
   reduce.set_step(0);
@@ -251,7 +251,7 @@ void check_classic_ef(int steps, double factor) {
   const inputs<float> in(input_kind::constant_normal, count, 401, 1.0 / world_size());
   collective_options o;
   o.op = reduce_op::avg;
-  ar<float, C2n, F, schedule::pipelined<2>> reduce(harness::comm(), count, o);
+  ar<float, C2n, F, schedule::pipelined<2, 1>> reduce(harness::comm(), count, o);
   std::vector<double> mean(count, 0.0);
   std::vector<float> out(count);
   double first = 0;
@@ -347,8 +347,9 @@ TEST_CASE("feedback state starts at zero, evolves, and resets") {
   check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(
       count, in.mine(), none);
   check_first_step<feedback::ef21<>, ar<float, C2s, feedback::ef21<>>>(count, in.mine(), none);
-  check_first_step<feedback::residual<__nv_bfloat16, true>,
-                   ar<float, C2s, feedback::residual<__nv_bfloat16, true>, schedule::pipelined<3>>>(
+  check_first_step<
+      feedback::residual<__nv_bfloat16, true>,
+      ar<float, C2s, feedback::residual<__nv_bfloat16, true>, schedule::pipelined<3, 1>>>(
       count, in.mine(), none);
 }
 
@@ -362,7 +363,7 @@ TEST_CASE("reduce_scatter: my shard is the exact sum of the decoded frames (one 
       const inputs<float> in(input_kind::normal, count, ++salt, scale);
       collective_options o;
       o.op = op;
-      rs<float, C4n, feedback::none, schedule::pipelined<3>> scatter(harness::comm(), 100003, o);
+      rs<float, C4n, feedback::none, schedule::pipelined<3, 1>> scatter(harness::comm(), 100003, o);
       const auto s = scatter.shard(count);
       CHECK(s.begin == schedule::shard(count, 128, P, world_rank()).begin);
       std::vector<float> out(s.count);
@@ -401,7 +402,7 @@ TEST_CASE("all_gather: every rank decodes every shard, identically, within one q
     INFO("count " << count);
     // A tensor every rank knows; each passes its own shard.
     const auto w = convert<float>(make_input(input_kind::normal, count, 0, 700 + count));
-    ag<float, C4s, schedule::pipelined<2>> gather(harness::comm(), 100003);
+    ag<float, C4s, schedule::pipelined<2, 1>> gather(harness::comm(), 100003);
     const auto s = gather.shard(count);
     CHECK(s.begin == schedule::shard(count, 128, P, world_rank()).begin);
     std::vector<float> mine(w.begin() + s.begin, w.begin() + s.end()), out(count);

@@ -128,12 +128,12 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
   for (std::size_t count :
        {std::size_t(1), std::size_t(1000), std::size_t(100003), std::size_t(1) << 20}) {
     check_host_device<float, C4s, feedback::none, schedule::flat>(count, 2, 1);
-    check_host_device<float, C2n, feedback::residual<float, true>, schedule::pipelined<4>>(count, 3,
-                                                                                           2);
+    check_host_device<float, C2n, feedback::residual<float, true>, schedule::pipelined<4, 1>>(count,
+                                                                                              3, 2);
     check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(count,
                                                                                              3, 3);
-    check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2>>(count, 3, 4);
-    check_host_device<__half, C2n, feedback::none, schedule::pipelined<3>>(count, 1, 5);
+    check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 4);
+    check_host_device<__half, C2n, feedback::none, schedule::pipelined<3, 1>>(count, 1, 5);
   }
 }
 
@@ -170,7 +170,7 @@ void check_graph(std::size_t count) {
 
 TEST_CASE("a call captured in a CUDA graph replays the eager result") {
   check_graph<schedule::flat>(100003);
-  check_graph<schedule::pipelined<4>>(1 << 20);
+  check_graph<schedule::pipelined<4, 1>>(1 << 20);
 }
 
 }  // namespace lowbit::test

@@ -28,7 +28,7 @@ TEST_CASE("shards are whole blocks that cover the tensor once, in rank order") {
 }
 
 TEST_CASE("pieces cut a shard into whole blocks, and chunks never outnumber blocks per rank") {
-  using S = schedule::pipelined<4>;
+  using S = schedule::pipelined<4, 1>;
   const std::size_t block = 64;
   for (int P : {1, 2, 3, 4}) {
     for (std::size_t count : {1ul, 100ul, 64ul * 4 * 3 + 5, 100003ul}) {
@@ -51,8 +51,16 @@ TEST_CASE("pieces cut a shard into whole blocks, and chunks never outnumber bloc
   }
 }
 
+TEST_CASE("the default pipeline keeps chunks of at least 2^25 values") {
+  using S = schedule::pipelined<4>;
+  const std::size_t m = std::size_t{1} << 25;
+  CHECK(schedule::num_chunks<S>(m - 1, 128, 2) == 1);
+  CHECK(schedule::num_chunks<S>(2 * m, 128, 2) == 2);
+  CHECK(schedule::num_chunks<S>(64 * m, 128, 8) == 4);
+}
+
 TEST_CASE("schedule policies are recognised") {
   STATIC_REQUIRE(schedule::is_schedule_policy_v<schedule::flat>);
-  STATIC_REQUIRE(schedule::is_schedule_policy_v<schedule::pipelined<2>>);
+  STATIC_REQUIRE(schedule::is_schedule_policy_v<schedule::pipelined<2, 1>>);
   STATIC_REQUIRE_FALSE(schedule::is_schedule_policy_v<int>);
 }
