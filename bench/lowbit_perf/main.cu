@@ -31,17 +31,6 @@ namespace {
 
 
 
-std::size_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  switch (end && *end ? *end : ' ') {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return static_cast<std::size_t>(v);
-}
 
 [[noreturn]] void usage(int code) {
   std::printf(
@@ -59,7 +48,8 @@ std::size_t parse_size(const char* s) {
       "  --feedback <f>          none | residual | residual_bf16 | ef21 (all_reduce) [none]\n"
       "  --schedule <s>          flat | pipelined (all_reduce)         [flat]\n"
       "  --csv <file>            also append the rows as CSV (rank 0)\n"
-      "  --regime <label>        link-regime label for the CSV rows     [default]\n");
+      "  --regime <label>        link-regime label for the CSV rows     [default]\n"
+      "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n");
   std::exit(code);
 }
 
@@ -85,6 +75,7 @@ options parse(int argc, char** argv) {
     else if (a == "--schedule") o.schedule = next();
     else if (a == "--csv") o.csv = next();
     else if (a == "--regime") o.regime = next();
+    else if (a == "--crossover") o.crossover = next();
     else if (a == "-h" || a == "--help") usage(0);
     else {
       std::fprintf(stderr, "lowbit-perf: unknown argument %s\n", a.c_str());

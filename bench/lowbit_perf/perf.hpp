@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <lowbit/comm/nccl_comm.hpp>
@@ -19,9 +20,23 @@ struct options {
   int iters = 20, warmup = 5, check = 1;
   std::string dtype = "float", op = "sum", coll = "all_reduce", feedback = "none";
   std::string schedule = "flat", csv;
-  std::string regime = "default";  ///< a label for the CSV (e.g. nvlink, pcie, net)
+  std::string regime = "default";
+  std::string crossover = "0";  ///< bytes below which calls go to plain NCCL, or "auto"  ///< a label for the CSV (e.g. nvlink, pcie, net)
   int bits = 4;
 };
+
+/// "64M" -> 67108864: a size with an optional K/M/G (binary) suffix.
+inline std::size_t parse_size(const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  switch (end && *end ? *end : ' ') {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return static_cast<std::size_t>(v);
+}
 
 /// Runs the collective, feedback and schedule that `o` names for element type T at
 /// `Bits` bits; false when that combination is not compiled.

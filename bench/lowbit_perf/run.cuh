@@ -121,9 +121,14 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   copts.op = o.op == "avg" ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
   copts.seed = 2026;
   Collective coll(comm, max_count, copts);
-
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (o.crossover == "auto") {
+    lowbit::calibrate_crossover(coll, comm, stream);
+  } else {
+    coll.set_crossover_bytes(parse_size(o.crossover.c_str()));
+  }
+
   T *in, *out, *nccl_out, *same;
   float *in_f, *ref;
   double* acc;
@@ -137,9 +142,11 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   const ncclRedOp_t nop = o.op == "avg" ? ncclAvg : ncclSum;
 
   if (rank == 0) {
-    std::printf("# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d\n",
+    std::printf("# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
+                "  crossover %zu B%s\n",
                 o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
-                o.schedule.c_str(), P);
+                o.schedule.c_str(), P, coll.crossover_bytes(),
+                o.crossover == "auto" ? " (calibrated)" : "");
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");

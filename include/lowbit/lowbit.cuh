@@ -3,3 +3,4 @@
 
 #include "lowbit/lowbit.hpp"
 #include "lowbit/kernels/kernels.cuh"
+#include "lowbit/collective/nccl.cuh"

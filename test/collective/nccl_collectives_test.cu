@@ -173,6 +173,61 @@ TEST_CASE("a call captured in a CUDA graph replays the eager result") {
   check_graph<schedule::pipelined<4, 1>>(1 << 20);
 }
 
+TEST_CASE("below the crossover each collective is the plain NCCL collective, bit for bit") {
+  using C4 = codec<quant::absmax<4, 128>>;
+  using T = __nv_bfloat16;
+  const std::size_t count = 5000 + 37;  // uneven block-aligned shards
+  const inputs<T> in(input_kind::normal, count, 71);
+  collective_options o;
+  o.crossover_bytes = count * sizeof(T) + 1;  // this call is below it
+  dvec<T> din(in.mine()), dout(count), dref(count);
+  std::vector<T> a(count), b(count);
+
+  lowbit::all_reduce<T, C4, feedback::none, schedule::flat, backend::nccl> ar(*g_comm, count, o);
+  ar(din.p, dout.p, count, g_stream);
+  LOWBIT_NCCL_TRY(ncclAllReduce(din.p, dref.p, count, ncclBfloat16, ncclSum, g_comm->get(), g_stream));
+  g_comm->sync(g_stream);
+  dout.to(a);
+  dref.to(b);
+  CHECK(std::memcmp(a.data(), b.data(), count * sizeof(T)) == 0);
+
+  // reduce_scatter: my block-aligned shard of that same sum.
+  lowbit::reduce_scatter<T, C4, feedback::none, schedule::flat, backend::nccl> rs(*g_comm, count, o);
+  const schedule::range sh = rs.shard(count);
+  rs(din.p, dout.p, count, g_stream);
+  g_comm->sync(g_stream);
+  dout.to(a);
+  CHECK(std::memcmp(a.data(), b.data() + sh.begin, sh.count * sizeof(T)) == 0);
+
+  // all_gather: every rank's shard in place, exactly.
+  lowbit::all_gather<T, C4, schedule::flat, backend::nccl> ag(*g_comm, count, o);
+  ag(din.p + ag.shard(count).begin, dout.p, count, g_stream);
+  g_comm->sync(g_stream);
+  dout.to(a);
+  for (int p = 0; p < g_comm->size(); ++p) {
+    const schedule::range r = schedule::shard(count, C4::block_size, g_comm->size(), p);
+    const std::vector<T>& theirs = in.xs[static_cast<std::size_t>(p)];
+    CHECK(std::memcmp(a.data() + r.begin, theirs.data() + r.begin, r.count * sizeof(T)) == 0);
+  }
+}
+
+TEST_CASE("calibrate_crossover agrees on every rank and restores the collective's state") {
+  using C4 = codec<quant::absmax<4, 128>, round::stochastic>;
+  const std::size_t max_count = std::size_t{1} << 22;
+  lowbit::all_reduce<float, C4, feedback::residual<float>, schedule::flat, backend::nccl> ar(
+      *g_comm, max_count);
+  ar.set_step(7);
+  const std::size_t x = calibrate_crossover(ar, *g_comm, g_stream, std::size_t{16} << 20, 3);
+  CHECK(ar.crossover_bytes() == x);
+  CHECK(ar.step() == 7u);
+  CHECK(x <= max_count * sizeof(float) + 1);
+  unsigned long long mine = x, lo = 0, hi = 0;
+  MPI_Allreduce(&mine, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi);
+  if (g_comm->rank() == 0) std::printf("calibrated crossover: %zu bytes\n", x);
+}
+
 }  // namespace lowbit::test
 
 int main(int argc, char** argv) {

@@ -79,6 +79,10 @@ class all_reduce {
   /// The step the next call uses for stochastic rounding (each call adds one).
   std::uint32_t step() const noexcept { return engine_.step(); }
   void set_step(std::uint32_t s) noexcept { engine_.set_step(s); }
+  /// Calls on fewer input bytes run the plain NCCL collective (collective_options::
+  /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
+  std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
+  void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   const collective_options& options() const noexcept { return engine_.options(); }
   /// Zeroes the feedback state (not stream-ordered: call with no call in flight).
   void reset_feedback() { engine_.feedback_state().reset(); }
@@ -142,6 +146,10 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   int rank() const noexcept { return engine_.rank(); }
   std::uint32_t step() const noexcept { return engine_.step(); }
   void set_step(std::uint32_t s) noexcept { engine_.set_step(s); }
+  /// Calls on fewer input bytes run the plain NCCL collective (collective_options::
+  /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
+  std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
+  void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   void reset_feedback() { engine_.feedback_state().reset(); }
 
  private:

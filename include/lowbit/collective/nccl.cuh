@@ -9,6 +9,7 @@
 
 #include "lowbit/collective/all_gather.hpp"
 #include "lowbit/collective/all_reduce.hpp"
+#include "lowbit/collective/calibrate.cuh"
 #include "lowbit/collective/detail/backend_nccl.cuh"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/comm/nccl_comm.hpp"

@@ -64,6 +64,10 @@ class reduce_scatter {
   int rank() const noexcept { return engine_.rank(); }
   std::uint32_t step() const noexcept { return engine_.step(); }
   void set_step(std::uint32_t s) noexcept { engine_.set_step(s); }
+  /// Calls on fewer input bytes run the plain NCCL collective (collective_options::
+  /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
+  std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
+  void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   void reset_feedback() { engine_.feedback_state().reset(); }
 
  private:

@@ -2,6 +2,7 @@
 // backend tags.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -54,6 +55,12 @@ struct collective_options {
   reduce_op op = reduce_op::sum;  ///< sum or avg (fixed per object: EF21's state depends on it)
   std::uint64_t seed = 0;         ///< keys stochastic rounding together with the step
   std::uint32_t first_step = 0;   ///< step of the first call; each call adds one
+  /// Crossover (NCCL backend): calls on fewer than this many input bytes
+  /// (count * sizeof(T)) run the plain NCCL collective instead, where the codec costs more
+  /// than it saves. 0 = always low-bit. `calibrate()` measures it on the communicator's
+  /// own links; docs/performance.md lists measured values. Ignored with EF21 (its state
+  /// needs the codec) and on the MPI backend.
+  std::size_t crossover_bytes = 0;
 };
 
 /// Backend tags: where the buffers live and what moves them.

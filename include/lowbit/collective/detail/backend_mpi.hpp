@@ -24,6 +24,8 @@ struct backend_impl<backend::mpi> {
   using buffer = host_buffer<U>;
   /// The host executor sums a shard's frames in an fp32 scratch array.
   static constexpr bool needs_sum_scratch = true;
+  /// No plain fallback: the host backend always runs the codec (it is the reference).
+  static constexpr bool has_plain = false;
 
   backend_impl(const comm_type& comm, int /*events*/, int /*streams*/)
       : comm_(&comm),

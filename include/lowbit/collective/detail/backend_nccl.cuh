@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "lowbit/collective/detail/device_buffer.cuh"
@@ -41,6 +42,8 @@ struct backend_impl<backend::nccl> {
   using buffer = device_buffer<U>;
   /// The reduce kernels keep the fp32 sum in registers.
   static constexpr bool needs_sum_scratch = false;
+  /// Below the crossover a call runs the plain NCCL collective (plain_* below).
+  static constexpr bool has_plain = true;
 
   backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
     if (streams > 1) {
@@ -128,6 +131,47 @@ struct backend_impl<backend::nccl> {
     if (comm_->size() == 1) return;
     LOWBIT_NCCL_TRY(ncclAllGather(buf + static_cast<std::size_t>(comm_->rank()) * slot_bytes, buf,
                                   slot_bytes, ncclUint8, comm_->get(), stream(l)));
+  }
+
+  // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
+  template <class T>
+  static ncclDataType_t nccl_type() {
+    if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+    else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
+    else return ncclBfloat16;
+  }
+  static ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
+
+  template <class T>
+  void plain_all_reduce(const T* in, T* out, std::size_t count, reduce_op op, cudaStream_t s) {
+    LOWBIT_NCCL_TRY(ncclAllReduce(in, out, count, nccl_type<T>(), nccl_op(op), comm_->get(), s));
+  }
+  /// lowbit's uneven block-aligned shards: one ncclReduce per owner, grouped.
+  template <class T>
+  void plain_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block,
+                            reduce_op op, cudaStream_t s) {
+    const int P = comm_->size();
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < P; ++p) {
+      const schedule::range sh = schedule::shard(count, block, P, p);
+      if (sh.count > 0)
+        LOWBIT_NCCL_TRY(ncclReduce(in + sh.begin, out, sh.count, nccl_type<T>(), nccl_op(op), p,
+                                   comm_->get(), s));
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  }
+  /// in = my shard; each owner broadcasts its shard into place, grouped.
+  template <class T>
+  void plain_all_gather(const T* in, T* out, std::size_t count, std::size_t block, cudaStream_t s) {
+    const int P = comm_->size(), me = comm_->rank();
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < P; ++p) {
+      const schedule::range sh = schedule::shard(count, block, P, p);
+      if (sh.count > 0)
+        LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in : out + sh.begin, out + sh.begin, sh.count,
+                                      nccl_type<T>(), p, comm_->get(), s));
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
 
  private:

@@ -132,6 +132,15 @@ class engine {
   std::uint32_t step() const noexcept { return step_; }
   void set_step(std::uint32_t s) noexcept { step_ = s; }
   const collective_options& options() const noexcept { return opts_; }
+  /// Calls on fewer input bytes run plain NCCL (see collective_options::crossover_bytes).
+  std::size_t crossover_bytes() const noexcept { return opts_.crossover_bytes; }
+  void set_crossover_bytes(std::size_t bytes) noexcept { opts_.crossover_bytes = bytes; }
+
+  /// True when a call of `count` values takes the plain path: EF21's replicated state is
+  /// defined by the codec's output, so it never does.
+  bool below_crossover(std::size_t count) const noexcept {
+    return !Feedback::replicated && count * sizeof(T) < opts_.crossover_bytes;
+  }
   feedback::state<Feedback, buffer>& feedback_state() noexcept { return state_; }
   impl& backend() noexcept { return be_; }
 
@@ -146,6 +155,13 @@ class engine {
   void all_reduce(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
     validate(in, out, count, count, count, who);
     if (count == 0) return;
+    if constexpr (impl::has_plain) {
+      if (below_crossover(count)) {
+        be_.plain_all_reduce(in, out, count, opts_.op, stream);
+        ++step_;
+        return;
+      }
+    }
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const rng_key key1{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 1};
@@ -193,6 +209,13 @@ class engine {
     const schedule::range mine = my_shard<Codec>(count);
     validate(in, out, count, count, mine.count, who);
     if (count == 0) return;
+    if constexpr (impl::has_plain) {
+      if (below_crossover(count)) {
+        be_.plain_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
+        ++step_;
+        return;
+      }
+    }
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
@@ -226,6 +249,13 @@ class engine {
     const schedule::range mine = my_shard<Codec>(count);
     validate(in, out, count, mine.count, count, who);
     if (count == 0) return;
+    if constexpr (impl::has_plain) {
+      if (below_crossover(count)) {
+        be_.plain_all_gather(in, out, count, Codec::block_size, stream);
+        ++step_;
+        return;
+      }
+    }
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const std::size_t B = Codec::block_size;
