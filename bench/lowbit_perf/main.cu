@@ -29,9 +29,6 @@
 namespace lowbit_perf {
 namespace {
 
-
-
-
 [[noreturn]] void usage(int code) {
   std::printf(
       "lowbit-perf: lowbit collectives beside NCCL (run under mpirun, one rank per GPU)\n"
@@ -61,22 +58,38 @@ options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(2);
       return argv[++i];
     };
-    if (a == "-b" || a == "--minbytes") o.min_bytes = parse_size(next());
-    else if (a == "-e" || a == "--maxbytes") o.max_bytes = parse_size(next());
-    else if (a == "-f" || a == "--stepfactor") o.factor = std::atof(next());
-    else if (a == "-n" || a == "--iters") o.iters = std::atoi(next());
-    else if (a == "-w" || a == "--warmup_iters") o.warmup = std::atoi(next());
-    else if (a == "-c" || a == "--check") o.check = std::atoi(next());
-    else if (a == "-d" || a == "--datatype") o.dtype = next();
-    else if (a == "-o" || a == "--op") o.op = next();
-    else if (a == "--coll") o.coll = next();
-    else if (a == "--bits") o.bits = std::atoi(next());
-    else if (a == "--feedback") o.feedback = next();
-    else if (a == "--schedule") o.schedule = next();
-    else if (a == "--csv") o.csv = next();
-    else if (a == "--regime") o.regime = next();
-    else if (a == "--crossover") o.crossover = next();
-    else if (a == "-h" || a == "--help") usage(0);
+    if (a == "-b" || a == "--minbytes")
+      o.min_bytes = parse_size(next());
+    else if (a == "-e" || a == "--maxbytes")
+      o.max_bytes = parse_size(next());
+    else if (a == "-f" || a == "--stepfactor")
+      o.factor = std::atof(next());
+    else if (a == "-n" || a == "--iters")
+      o.iters = std::atoi(next());
+    else if (a == "-w" || a == "--warmup_iters")
+      o.warmup = std::atoi(next());
+    else if (a == "-c" || a == "--check")
+      o.check = std::atoi(next());
+    else if (a == "-d" || a == "--datatype")
+      o.dtype = next();
+    else if (a == "-o" || a == "--op")
+      o.op = next();
+    else if (a == "--coll")
+      o.coll = next();
+    else if (a == "--bits")
+      o.bits = std::atoi(next());
+    else if (a == "--feedback")
+      o.feedback = next();
+    else if (a == "--schedule")
+      o.schedule = next();
+    else if (a == "--csv")
+      o.csv = next();
+    else if (a == "--regime")
+      o.regime = next();
+    else if (a == "--crossover")
+      o.crossover = next();
+    else if (a == "-h" || a == "--help")
+      usage(0);
     else {
       std::fprintf(stderr, "lowbit-perf: unknown argument %s\n", a.c_str());
       usage(2);
@@ -90,15 +103,19 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-
 template <class T>
 bool dispatch_bits(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   switch (o.bits) {
-    case 1: return dispatch<T, 1>(o, comm, csv);
-    case 2: return dispatch<T, 2>(o, comm, csv);
-    case 4: return dispatch<T, 4>(o, comm, csv);
-    case 8: return dispatch<T, 8>(o, comm, csv);
-    default: return false;
+    case 1:
+      return dispatch<T, 1>(o, comm, csv);
+    case 2:
+      return dispatch<T, 2>(o, comm, csv);
+    case 4:
+      return dispatch<T, 4>(o, comm, csv);
+    case 8:
+      return dispatch<T, 8>(o, comm, csv);
+    default:
+      return false;
   }
 }
 
@@ -118,19 +135,25 @@ int main(int argc, char** argv) {
     if (!o.csv.empty() && comm.rank() == 0) {
       csv = std::fopen(o.csv.c_str(), "a");
       if (!csv) throw std::runtime_error("cannot open " + o.csv);
-      std::fprintf(csv, "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
-                        "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong\n");
+      std::fprintf(csv,
+                   "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
+                   "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong\n");
     }
     bool ok = false;
-    if (o.dtype == "float") ok = dispatch_bits<float>(o, comm, csv);
-    else if (o.dtype == "half") ok = dispatch_bits<__half>(o, comm, csv);
-    else if (o.dtype == "bfloat16") ok = dispatch_bits<__nv_bfloat16>(o, comm, csv);
+    if (o.dtype == "float")
+      ok = dispatch_bits<float>(o, comm, csv);
+    else if (o.dtype == "half")
+      ok = dispatch_bits<__half>(o, comm, csv);
+    else if (o.dtype == "bfloat16")
+      ok = dispatch_bits<__nv_bfloat16>(o, comm, csv);
     if (csv) std::fclose(csv);
     if (!ok) {
       if (comm.rank() == 0)
-        std::fprintf(stderr, "lowbit-perf: unsupported combination (type %s, bits %d, coll %s, "
-                             "feedback %s, schedule %s); see --help\n",
-                     o.dtype.c_str(), o.bits, o.coll.c_str(), o.feedback.c_str(), o.schedule.c_str());
+        std::fprintf(stderr,
+                     "lowbit-perf: unsupported combination (type %s, bits %d, coll %s, "
+                     "feedback %s, schedule %s); see --help\n",
+                     o.dtype.c_str(), o.bits, o.coll.c_str(), o.feedback.c_str(),
+                     o.schedule.c_str());
       status = 2;
     }
   } catch (const std::exception& e) {

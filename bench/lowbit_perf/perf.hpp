@@ -21,7 +21,8 @@ struct options {
   std::string dtype = "float", op = "sum", coll = "all_reduce", feedback = "none";
   std::string schedule = "flat", csv;
   std::string regime = "default";
-  std::string crossover = "0";  ///< bytes below which calls go to plain NCCL, or "auto"  ///< a label for the CSV (e.g. nvlink, pcie, net)
+  std::string crossover = "0";  ///< bytes below which calls go to plain NCCL, or "auto"  ///< a
+                                ///< label for the CSV (e.g. nvlink, pcie, net)
   int bits = 4;
 };
 
@@ -30,10 +31,20 @@ inline std::size_t parse_size(const char* s) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
   switch (end && *end ? *end : ' ') {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
   }
   return static_cast<std::size_t>(v);
 }

@@ -25,9 +25,12 @@ namespace {
 
 template <class T>
 ncclDataType_t nccl_type() {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
-  else return ncclBfloat16;
+  if constexpr (std::is_same_v<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::is_same_v<T, __half>)
+    return ncclFloat16;
+  else
+    return ncclBfloat16;
 }
 
 /// Deterministic N(0,1)-like inputs from Philox (sum of two uniforms, centred),
@@ -36,7 +39,8 @@ template <class T>
 __global__ void fill_kernel(T* x, std::size_t n, std::uint32_t rank) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const lowbit::philox_block r = lowbit::philox4x32<7>({{std::uint32_t(i), std::uint32_t(i >> 32), rank, 0x5eed}}, 1234, 5678);
+    const lowbit::philox_block r = lowbit::philox4x32<7>(
+        {{std::uint32_t(i), std::uint32_t(i >> 32), rank, 0x5eed}}, 1234, 5678);
     const float u = (r.w[0] >> 8) * (1.0f / 16777216.0f) + (r.w[1] >> 8) * (1.0f / 16777216.0f);
     x[i] = lowbit::from_float<T>(2.449f * (u - 1.0f));
   }
@@ -52,8 +56,10 @@ __global__ void to_float_kernel(const T* x, float* y, std::size_t n) {
 /// The bits of an element, for bitwise comparison.
 template <class T>
 __device__ std::uint32_t bits_of(const T& x) {
-  if constexpr (sizeof(T) == 4) return *reinterpret_cast<const std::uint32_t*>(&x);
-  else return *reinterpret_cast<const std::uint16_t*>(&x);
+  if constexpr (sizeof(T) == 4)
+    return *reinterpret_cast<const std::uint32_t*>(&x);
+  else
+    return *reinterpret_cast<const std::uint16_t*>(&x);
 }
 
 /// acc[0] += sum (out - ref)^2, acc[1] += sum ref^2, acc[2] += non-finite outputs,
@@ -66,8 +72,10 @@ __global__ void compare_kernel(const T* out, const float* ref, const T* same, st
        i += std::size_t(gridDim.x) * blockDim.x) {
     const float o = lowbit::to_float(out[i]);
     const double d = double(o) - ref[i];
-    if (!isfinite(o)) bad += 1;
-    else err += d * d;
+    if (!isfinite(o))
+      bad += 1;
+    else
+      err += d * d;
     norm += double(ref[i]) * ref[i];
     if (same && bits_of(out[i]) != bits_of(same[i])) diff += 1;
   }
@@ -142,11 +150,12 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   const ncclRedOp_t nop = o.op == "avg" ? ncclAvg : ncclSum;
 
   if (rank == 0) {
-    std::printf("# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
-                "  crossover %zu B%s\n",
-                o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
-                o.schedule.c_str(), P, coll.crossover_bytes(),
-                o.crossover == "auto" ? " (calibrated)" : "");
+    std::printf(
+        "# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
+        "  crossover %zu B%s\n",
+        o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
+        o.schedule.c_str(), P, coll.crossover_bytes(),
+        o.crossover == "auto" ? " (calibrated)" : "");
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
@@ -177,7 +186,8 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       } else if constexpr (Kind == coll_kind::reduce_scatter) {
         LOWBIT_NCCL_TRY(ncclReduceScatter(in, nccl_out, shard, nccl_type<T>(), nop, comm.get(), s));
       } else {
-        LOWBIT_NCCL_TRY(ncclAllGather(in + rank * shard, nccl_out, shard, nccl_type<T>(), comm.get(), s));
+        LOWBIT_NCCL_TRY(
+            ncclAllGather(in + rank * shard, nccl_out, shard, nccl_type<T>(), comm.get(), s));
       }
     };
     const double t_low = time_median_us(lowbit_call, stream, o.warmup, o.iters);
@@ -212,7 +222,8 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       }
       const T* same_ptr = nullptr;
       if constexpr (Kind != coll_kind::reduce_scatter) {
-        LOWBIT_NCCL_TRY(ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
+        LOWBIT_NCCL_TRY(
+            ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
         same_ptr = same;
       }
       LOWBIT_CUDA_TRY(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream));
@@ -228,19 +239,23 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     }
     if (rank == 0) {
       const double alg_l = bytes / t_low / 1e3, alg_n = bytes / t_nccl / 1e3;
-      std::printf(" %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld | %10.1f %8.2f %8.2f | %6.2fx %5.2fx %9.2e\n",
-                  bytes, count, o.dtype.c_str(), o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong,
-                  t_nccl, alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
+      std::printf(
+          " %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld | %10.1f %8.2f %8.2f | %6.2fx %5.2fx "
+          "%9.2e\n",
+          bytes, count, o.dtype.c_str(), o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong, t_nccl,
+          alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
       std::fflush(stdout);
       if (csv)
-        std::fprintf(csv, "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
+        std::fprintf(csv,
+                     "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
                      o.regime.c_str(), o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits,
-                     o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus, t_nccl, alg_n * bus,
-                     t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong);
+                     o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus,
+                     t_nccl, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong);
     }
   }
   comm.sync(stream);
-  for (void* p : {(void*)in, (void*)out, (void*)nccl_out, (void*)same, (void*)in_f, (void*)ref, (void*)acc})
+  for (void* p :
+       {(void*)in, (void*)out, (void*)nccl_out, (void*)same, (void*)in_f, (void*)ref, (void*)acc})
     cudaFree(p);
   cudaStreamDestroy(stream);
 }
@@ -264,13 +279,15 @@ bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     return false;
   } else if (o.schedule == "pipelined") {
     if (o.feedback != "none") return false;
-    run<T, all_reduce<T, C, feedback::none, schedule::pipelined<>>, coll_kind::all_reduce>(o, comm, csv);
+    run<T, all_reduce<T, C, feedback::none, schedule::pipelined<>>, coll_kind::all_reduce>(o, comm,
+                                                                                           csv);
   } else if (o.feedback == "none") {
     run<T, all_reduce<T, C>, coll_kind::all_reduce>(o, comm, csv);
   } else if (o.feedback == "residual") {
     run<T, all_reduce<T, C, feedback::residual<float>>, coll_kind::all_reduce>(o, comm, csv);
   } else if (o.feedback == "residual_bf16") {
-    run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>>, coll_kind::all_reduce>(o, comm, csv);
+    run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>>, coll_kind::all_reduce>(o, comm,
+                                                                                       csv);
   } else if (o.feedback == "ef21") {
     run<T, all_reduce<T, C, feedback::ef21<float>>, coll_kind::all_reduce>(o, comm, csv);
   } else {

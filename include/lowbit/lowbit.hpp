@@ -2,11 +2,11 @@
 // and the host executor. CUDA kernels and NCCL collectives are in lowbit.cuh.
 #pragma once
 
-#include "lowbit/version.hpp"
+#include "lowbit/codec/codec.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/core/span.hpp"
-#include "lowbit/codec/codec.hpp"
 #include "lowbit/feedback/refs.hpp"
 #include "lowbit/host/codec_executor.hpp"
+#include "lowbit/version.hpp"

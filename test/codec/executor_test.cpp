@@ -108,13 +108,16 @@ TEST_CASE("decode_accumulate_encode sums frames in fp32 and re-encodes") {
   std::vector<float> expect(n, 0.0f), decoded(n);
   for (int p = 0; p < 3; ++p) {
     xs.push_back(lowbit::test::normal(n, 1.0f, 0.0f, 50 + p));
-    host::encode<N>(span<const float>(xs[p].data(), n), span<std::byte>(frames.data() + p * stride, stride));
-    host::decode<N>(span<const std::byte>(frames.data() + p * stride, stride), span<float>(decoded.data(), n));
+    host::encode<N>(span<const float>(xs[p].data(), n),
+                    span<std::byte>(frames.data() + p * stride, stride));
+    host::decode<N>(span<const std::byte>(frames.data() + p * stride, stride),
+                    span<float>(decoded.data(), n));
     for (std::size_t i = 0; i < n; ++i) expect[i] += decoded[i];
   }
   std::vector<float> acc(n);
   frame_buffer out(stride);
-  host::decode_accumulate_encode<N>(frames.data(), stride, 3, span<float>(acc.data(), n), out.bytes());
+  host::decode_accumulate_encode<N>(frames.data(), stride, 3, span<float>(acc.data(), n),
+                                    out.bytes());
   for (std::size_t i = 0; i < n; ++i) REQUIRE(acc[i] == expect[i]);
   host::decode<N>(out.cbytes(), span<float>(decoded.data(), n));
   for (std::size_t i = 0; i < n; ++i) REQUIRE(std::fabs(decoded[i] - expect[i]) < 0.05f);

@@ -22,7 +22,8 @@ template <class Codec>
 double bound(float step, float x, bool stochastic) {
   const double s = std::fabs(static_cast<double>(step));
   return s * ((stochastic ? 1.0 : 0.5) + std::ldexp(1.0, Codec::bits - 23)) +
-         std::fabs(static_cast<double>(x)) * std::ldexp(1.0, -22) + std::ldexp(1.0, Codec::bits - 149);
+         std::fabs(static_cast<double>(x)) * std::ldexp(1.0, -22) +
+         std::ldexp(1.0, Codec::bits - 149);
 }
 
 template <class Codec>
@@ -87,7 +88,8 @@ TEST_CASE("fp8 quantizers stay within half an fp8 ulp") {
       typename C::meta_type m;
       std::memcpy(&m, r.frame.data() + (i / C::block_size) * sizeof m, sizeof m);
       const double scaled = std::fabs(x[i] / m.scale);
-      const int e = std::max(static_cast<int>(std::floor(std::log2(std::max(scaled, 1e-30)))), emin);
+      const int e =
+          std::max(static_cast<int>(std::floor(std::log2(std::max(scaled, 1e-30)))), emin);
       const double half_ulp = std::ldexp(1.0, e - man_bits - 1) * m.scale;
       INFO("x " << x[i] << " y " << r.y[i]);
       REQUIRE(std::fabs(double(r.y[i]) - x[i]) <= half_ulp * (1 + 1e-5) + 1e-12);
@@ -100,7 +102,7 @@ TEST_CASE("fp8 quantizers stay within half an fp8 ulp") {
 TEST_CASE("fp8 codes decode to the OCP format values") {
   using e4 = quant::fp8<quant::e4m3>;
   using e5 = quant::fp8<quant::e5m2>;
-  REQUIRE(e4::fp8_value(0x7e) == 448.0f);    // largest finite E4M3
+  REQUIRE(e4::fp8_value(0x7e) == 448.0f);  // largest finite E4M3
   REQUIRE(e4::fp8_value(0x38) == 1.0f);
   REQUIRE(e4::fp8_value(0x01) == std::ldexp(1.0f, -9));  // smallest subnormal
   REQUIRE(e4::fp8_value(0xb8) == -1.0f);
@@ -176,9 +178,9 @@ TEST_CASE("the zero grid keeps exact zeros inside non-zero blocks") {
 }
 
 TEST_CASE("a block holding inf or nan decodes to nan and other blocks stay finite") {
-  const float bad = GENERATE(std::numeric_limits<float>::infinity(),
-                             -std::numeric_limits<float>::infinity(),
-                             std::numeric_limits<float>::quiet_NaN());
+  const float bad =
+      GENERATE(std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+               std::numeric_limits<float>::quiet_NaN());
   auto x = lowbit::test::normal(128 * 3 + 5, 1.0f, 0.0f, 9);
   x[128 + 17] = bad;
   auto check = [&](auto tag) {

@@ -24,7 +24,8 @@ TEST_CASE("stochastic rounding is unbiased within 5 standard deviations") {
   std::vector<double> mean(x.size(), 0.0);
   float step = 0;
   for (int t = 0; t < trials; ++t) {
-    const auto r = roundtrip<C>(x, rng_key{lowbit::test::seed(), static_cast<std::uint32_t>(t), 0, 0});
+    const auto r =
+        roundtrip<C>(x, rng_key{lowbit::test::seed(), static_cast<std::uint32_t>(t), 0, 0});
     for (std::size_t i = 0; i < x.size(); ++i) mean[i] += r.y[i] / double(trials);
     step = r.step[1];
   }
@@ -42,7 +43,8 @@ TEST_CASE("bitscom's case: full(4096, 0.3) with one 1.0 at 2 bits averages to 0.
   double sum = 0;
   const int trials = 128;
   for (int t = 0; t < trials; ++t) {
-    const auto r = roundtrip<C>(x, rng_key{lowbit::test::seed(), static_cast<std::uint32_t>(t), 0, 0});
+    const auto r =
+        roundtrip<C>(x, rng_key{lowbit::test::seed(), static_cast<std::uint32_t>(t), 0, 0});
     for (std::size_t i = 1; i < x.size(); ++i) sum += r.y[i];
   }
   const double m = sum / (trials * (x.size() - 1.0));
@@ -78,8 +80,8 @@ TEST_CASE("rounding policies on exact values") {
   REQUIRE(round::nearest::apply(2.5f, 0) == 2.0f);
   REQUIRE(round::nearest::apply(3.5f, 0) == 4.0f);
   REQUIRE(round::nearest::apply(-2.5f, 0) == -2.0f);
-  REQUIRE(round::stochastic::apply(2.25f, 0) == 3.0f);          // u = 0 < 0.25
+  REQUIRE(round::stochastic::apply(2.25f, 0) == 3.0f);           // u = 0 < 0.25
   REQUIRE(round::stochastic::apply(2.25f, 0x4000) == 3.0f - 1);  // u = 0.25, not < 0.25
-  REQUIRE(round::stochastic::apply(2.0f, 0) == 2.0f);           // integers never move
+  REQUIRE(round::stochastic::apply(2.0f, 0) == 2.0f);            // integers never move
   REQUIRE(round::stochastic::apply(-0.75f, 0xffff) == -1.0f);
 }

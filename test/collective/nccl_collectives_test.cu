@@ -185,14 +185,16 @@ TEST_CASE("below the crossover each collective is the plain NCCL collective, bit
 
   lowbit::all_reduce<T, C4, feedback::none, schedule::flat, backend::nccl> ar(*g_comm, count, o);
   ar(din.p, dout.p, count, g_stream);
-  LOWBIT_NCCL_TRY(ncclAllReduce(din.p, dref.p, count, ncclBfloat16, ncclSum, g_comm->get(), g_stream));
+  LOWBIT_NCCL_TRY(
+      ncclAllReduce(din.p, dref.p, count, ncclBfloat16, ncclSum, g_comm->get(), g_stream));
   g_comm->sync(g_stream);
   dout.to(a);
   dref.to(b);
   CHECK(std::memcmp(a.data(), b.data(), count * sizeof(T)) == 0);
 
   // reduce_scatter: my block-aligned shard of that same sum.
-  lowbit::reduce_scatter<T, C4, feedback::none, schedule::flat, backend::nccl> rs(*g_comm, count, o);
+  lowbit::reduce_scatter<T, C4, feedback::none, schedule::flat, backend::nccl> rs(*g_comm, count,
+                                                                                  o);
   const schedule::range sh = rs.shard(count);
   rs(din.p, dout.p, count, g_stream);
   g_comm->sync(g_stream);

@@ -13,7 +13,9 @@ int main() {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.01f * i);
 
   // A frame's size depends only on the count: 8 fp32 steps + 8 blocks of 64 bytes.
-  struct alignas(16) chunk { unsigned char b[16]; };
+  struct alignas(16) chunk {
+    unsigned char b[16];
+  };
   std::vector<chunk> storage(codec::frame_bytes(x.size()) / 16);
   lowbit::span<std::byte> frame(reinterpret_cast<std::byte*>(storage.data()), storage.size() * 16);
 

@@ -66,8 +66,7 @@ struct codec {
   /// multiple of 32): codes for x[0, valid), code 0 for the rest.
   LOWBIT_HD static void quantize_group(const float (&x)[group_size], int valid,
                                        const params_type& p, const rng_key& key,
-                                       std::uint64_t index0,
-                                       std::uint32_t (&codes)[group_size]) {
+                                       std::uint64_t index0, std::uint32_t (&codes)[group_size]) {
     if constexpr (Rounding::needs_noise) {
       LOWBIT_UNROLL
       for (int k = 0; k < group_size / 8; ++k) {
@@ -94,10 +93,12 @@ struct codec {
   }
 
   /// Packs / unpacks one group (`bits` words).
-  LOWBIT_HD static void pack(const std::uint32_t (&codes)[group_size], std::uint32_t (&words)[bits]) {
+  LOWBIT_HD static void pack(const std::uint32_t (&codes)[group_size],
+                             std::uint32_t (&words)[bits]) {
     pack::pack_group<bits>(codes, words);
   }
-  LOWBIT_HD static void unpack(const std::uint32_t (&words)[bits], std::uint32_t (&codes)[group_size]) {
+  LOWBIT_HD static void unpack(const std::uint32_t (&words)[bits],
+                               std::uint32_t (&codes)[group_size]) {
     pack::unpack_group<bits>(words, codes);
   }
 };

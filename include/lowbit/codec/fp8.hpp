@@ -19,9 +19,9 @@ struct fp8_format {
   static constexpr int emax = MaxBiasedExp - bias;
   static constexpr int max_mantissa = MaxMantissa;  ///< of the largest finite value
   /// Largest finite value: (2^M + max_mantissa) * 2^(emax - M).
-  static constexpr float max_value =
-      static_cast<float>((1 << ManBits) + MaxMantissa) * static_cast<float>(1 << (MaxBiasedExp - bias)) /
-      static_cast<float>(1 << ManBits);
+  static constexpr float max_value = static_cast<float>((1 << ManBits) + MaxMantissa) *
+                                     static_cast<float>(1 << (MaxBiasedExp - bias)) /
+                                     static_cast<float>(1 << ManBits);
 };
 
 /// E4M3 ("fn": no infinities, largest finite 448).

@@ -29,7 +29,8 @@ LOWBIT_HD void pack_group(const std::uint32_t (&codes)[group_size], std::uint32_
 
 /// Unpacks `Bits` words into 32 codes: the inverse of pack_group.
 template <int Bits>
-LOWBIT_HD void unpack_group(const std::uint32_t (&words)[Bits], std::uint32_t (&codes)[group_size]) {
+LOWBIT_HD void unpack_group(const std::uint32_t (&words)[Bits],
+                            std::uint32_t (&codes)[group_size]) {
   static_assert(Bits >= 1 && Bits <= 16, "lowbit::pack: the code width must be 1..16 bits");
   constexpr std::uint32_t mask = (1u << Bits) - 1u;
   LOWBIT_UNROLL

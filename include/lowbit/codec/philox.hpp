@@ -57,7 +57,8 @@ struct rng_key {
   LOWBIT_HD philox_block draw(std::uint64_t j) const {
     const philox_block ctr{{static_cast<std::uint32_t>(j),
                             static_cast<std::uint32_t>(j >> 32) ^ (stage << 24), step, rank}};
-    return philox4x32(ctr, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+    return philox4x32(ctr, static_cast<std::uint32_t>(seed),
+                      static_cast<std::uint32_t>(seed >> 32));
   }
 };
 

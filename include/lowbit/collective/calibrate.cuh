@@ -89,7 +89,7 @@ std::size_t calibrate_crossover(Collective& coll, comm::nccl_comm& comm, cudaStr
     return static_cast<double>(ms) / iters;
   };
   for (std::size_t i = 0; i < counts.size(); ++i) {
-    host[2 * i] = time_calls(counts[i], 0);                                      // low-bit
+    host[2 * i] = time_calls(counts[i], 0);                                            // low-bit
     host[2 * i + 1] = time_calls(counts[i], std::numeric_limits<std::size_t>::max());  // plain
   }
   cudaEventDestroy(start);

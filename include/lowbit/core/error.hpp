@@ -73,9 +73,9 @@ class mpi_error : public error {
 #define LOWBIT_STRINGIFY(x) LOWBIT_STRINGIFY_(x)
 
 /// Throws lowbit::invalid_argument with `message` unless `cond` holds.
-#define LOWBIT_EXPECTS(cond, message)                                               \
-  do {                                                                              \
-    if (!(cond)) throw ::lowbit::invalid_argument(__FILE__, __LINE__, (message));   \
+#define LOWBIT_EXPECTS(cond, message)                                             \
+  do {                                                                            \
+    if (!(cond)) throw ::lowbit::invalid_argument(__FILE__, __LINE__, (message)); \
   } while (0)
 
 /// Throws lowbit::error: an internal invariant failed (a lowbit bug, not misuse).
@@ -83,25 +83,25 @@ class mpi_error : public error {
 
 #if LOWBIT_HAS_CUDA_RUNTIME
 /// Calls a CUDA runtime function and throws lowbit::cuda_error when it fails.
-#define LOWBIT_CUDA_TRY(call)                                                        \
-  do {                                                                               \
-    cudaError_t lowbit_status_ = (call);                                             \
-    if (lowbit_status_ != cudaSuccess) {                                             \
-      cudaGetLastError();                                                            \
+#define LOWBIT_CUDA_TRY(call)                                                          \
+  do {                                                                                 \
+    cudaError_t lowbit_status_ = (call);                                               \
+    if (lowbit_status_ != cudaSuccess) {                                               \
+      cudaGetLastError();                                                              \
       throw ::lowbit::cuda_error(__FILE__, __LINE__, static_cast<int>(lowbit_status_), \
-                                 std::string(#call " failed: ") +                     \
-                                     cudaGetErrorName(lowbit_status_) + " " +        \
-                                     cudaGetErrorString(lowbit_status_));            \
-    }                                                                                \
+                                 std::string(#call " failed: ") +                      \
+                                     cudaGetErrorName(lowbit_status_) + " " +          \
+                                     cudaGetErrorString(lowbit_status_));              \
+    }                                                                                  \
   } while (0)
 
 /// For destructors: reports a failed CUDA call on stderr instead of throwing.
-#define LOWBIT_CUDA_TRY_NO_THROW(call)                                                   \
-  do {                                                                                   \
-    cudaError_t lowbit_status_ = (call);                                                 \
-    if (lowbit_status_ != cudaSuccess)                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,          \
-                   cudaGetErrorString(lowbit_status_));                                  \
+#define LOWBIT_CUDA_TRY_NO_THROW(call)                                          \
+  do {                                                                          \
+    cudaError_t lowbit_status_ = (call);                                        \
+    if (lowbit_status_ != cudaSuccess)                                          \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(lowbit_status_));                         \
   } while (0)
 
 /// Throws lowbit::cuda_error if a kernel launch on this thread failed.
@@ -110,21 +110,21 @@ class mpi_error : public error {
 
 #if LOWBIT_HAS_NCCL
 /// Calls an NCCL function and throws lowbit::nccl_error when it fails.
-#define LOWBIT_NCCL_TRY(call)                                                           \
-  do {                                                                                  \
-    ncclResult_t lowbit_status_ = (call);                                               \
-    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)              \
-      throw ::lowbit::nccl_error(__FILE__, __LINE__, static_cast<int>(lowbit_status_),   \
-                                 std::string(#call " failed: ") +                        \
-                                     ncclGetErrorString(lowbit_status_));               \
+#define LOWBIT_NCCL_TRY(call)                                                   \
+  do {                                                                          \
+    ncclResult_t lowbit_status_ = (call);                                       \
+    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)      \
+      throw ::lowbit::nccl_error(                                               \
+          __FILE__, __LINE__, static_cast<int>(lowbit_status_),                 \
+          std::string(#call " failed: ") + ncclGetErrorString(lowbit_status_)); \
   } while (0)
 
 /// For destructors: reports a failed NCCL call on stderr instead of throwing.
-#define LOWBIT_NCCL_TRY_NO_THROW(call)                                                \
-  do {                                                                                \
-    ncclResult_t lowbit_status_ = (call);                                             \
-    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)            \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,       \
-                   ncclGetErrorString(lowbit_status_));                               \
+#define LOWBIT_NCCL_TRY_NO_THROW(call)                                          \
+  do {                                                                          \
+    ncclResult_t lowbit_status_ = (call);                                       \
+    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)      \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+                   ncclGetErrorString(lowbit_status_));                         \
   } while (0)
 #endif

@@ -37,9 +37,9 @@ LOWBIT_HD std::uint16_t float_to_half_bits(float x) {
   const std::uint32_t f = float_bits(x);
   const std::uint32_t sign = (f >> 16) & 0x8000u;
   const std::uint32_t a = f & 0x7fffffffu;
-  if (a > 0x7f800000u) return 0x7fffu;                          // nan
+  if (a > 0x7f800000u) return 0x7fffu;                                      // nan
   if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (a < 0x38800000u) {                                          // below 2^-14: subnormal
+  if (a < 0x38800000u) {  // below 2^-14: subnormal
     const std::uint32_t e = a >> 23;
     if (e < 102) return static_cast<std::uint16_t>(sign);
     const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;

@@ -29,7 +29,8 @@ struct none_ref {
 /// The residual's storage type R is float or bfloat16 (half the HBM traffic).
 template <class R = float>
 struct residual_ref {
-  static_assert(is_element_type_v<R>, "lowbit::feedback::residual_ref: R must be float or bfloat16");
+  static_assert(is_element_type_v<R>,
+                "lowbit::feedback::residual_ref: R must be float or bfloat16");
   static constexpr bool active = true;
   R* e = nullptr;
   LOWBIT_HD float load(std::size_t i, float x) const { return detail::fadd(x, to_float(e[i])); }

@@ -125,7 +125,8 @@ void decode(span<const std::byte> frame, span<T> out, float scale = 1.0f) {
 /// acc[i] += decoded value i, in fp32: the reduction step of all_reduce.
 template <class Codec>
 void decode_accumulate(span<const std::byte> frame, span<float> acc) {
-  static_assert(is_codec_v<Codec>, "lowbit::host::decode_accumulate: Codec must be a lowbit::codec<...>");
+  static_assert(is_codec_v<Codec>,
+                "lowbit::host::decode_accumulate: Codec must be a lowbit::codec<...>");
   const std::size_t count = acc.size();
   LOWBIT_EXPECTS(count == 0 || acc.data() != nullptr,
                  "decode_accumulate: acc is null but count is nonzero");
@@ -157,8 +158,9 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
                               std::uint64_t index0 = 0, Feedback fb = {}) {
   const std::size_t count = acc.size();
   LOWBIT_EXPECTS(num_frames >= 1, "decode_accumulate_encode: num_frames must be >= 1");
-  LOWBIT_EXPECTS(frame_stride >= Codec::frame_bytes(count) && frame_stride % 16 == 0,
-                 "decode_accumulate_encode: frame_stride must hold a frame and be a multiple of 16");
+  LOWBIT_EXPECTS(
+      frame_stride >= Codec::frame_bytes(count) && frame_stride % 16 == 0,
+      "decode_accumulate_encode: frame_stride must hold a frame and be a multiple of 16");
   for (std::size_t i = 0; i < count; ++i) acc[i] = 0.0f;
   for (int p = 0; p < num_frames; ++p)
     decode_accumulate<Codec>(span<const std::byte>(frames + p * frame_stride, frame_stride), acc);

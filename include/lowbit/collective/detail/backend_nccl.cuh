@@ -136,9 +136,12 @@ struct backend_impl<backend::nccl> {
   // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
   template <class T>
   static ncclDataType_t nccl_type() {
-    if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-    else if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
-    else return ncclBfloat16;
+    if constexpr (std::is_same_v<T, float>)
+      return ncclFloat32;
+    else if constexpr (std::is_same_v<T, __half>)
+      return ncclFloat16;
+    else
+      return ncclBfloat16;
   }
   static ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
 
@@ -148,8 +151,8 @@ struct backend_impl<backend::nccl> {
   }
   /// lowbit's uneven block-aligned shards: one ncclReduce per owner, grouped.
   template <class T>
-  void plain_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block,
-                            reduce_op op, cudaStream_t s) {
+  void plain_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
+                            cudaStream_t s) {
     const int P = comm_->size();
     LOWBIT_NCCL_TRY(ncclGroupStart());
     for (int p = 0; p < P; ++p) {
