@@ -58,11 +58,7 @@ struct absmax {
     float step;  ///< grid step; nan when the block held inf or nan
   };
   /// What encoding needs, derived once per block from the meta.
-  struct params_type {
-    meta_type meta;
-    float inv_step;  ///< 1/step, or 0 when the block is all zeros or poisoned
-    bool divide;     ///< 1/step overflows (step is subnormal): divide instead
-  };
+  using params_type = scaled_params<meta_type>;
 
   static constexpr int half_levels = 1 << (Bits - 1);
   static constexpr int qmax = half_levels - 1;
@@ -79,18 +75,13 @@ struct absmax {
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
-    params_type p{m, 0.0f, false};
-    if (m.step > 0.0f) {  // false for 0 and nan
-      p.inv_step = detail::fdiv(1.0f, m.step);
-      p.divide = detail::is_nonfinite(p.inv_step);
-    }
-    return p;
+    return make_scaled_params(m, m.step);
   }
 
   /// The code of x; `noise` feeds stochastic rounding.
   template <class Rounding>
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
-    float t = p.divide ? detail::fdiv(x, p.meta.step) : detail::fmul(x, p.inv_step);
+    float t = p.scale(x, p.meta.step);
     if constexpr (!zero_grid) t = detail::fsub(t, 0.5f);
     // Clamping before rounding equals clamping after it (the bounds are integers).
     t = detail::clamp_f(t, static_cast<float>(qmin), static_cast<float>(qmax));

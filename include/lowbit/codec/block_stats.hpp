@@ -35,4 +35,29 @@ struct block_stats {
   LOWBIT_HD float absmax() const { return detail::max_f(-min, max); }
 };
 
+/// A quantizer's per-block encoding constants: its meta, 1/step, and whether 1/step
+/// overflows (a subnormal step), in which case the encoder divides instead.
+template <class Meta>
+struct scaled_params {
+  Meta meta;
+  float inv_step = 0.0f;  ///< 0 for an all-zero or poisoned block: every code is then 0
+  bool divide = false;
+
+  /// x / step: by the reciprocal in the common case, by IEEE division when it overflows.
+  LOWBIT_HD float scale(float x, float step) const {
+    return divide ? detail::fdiv(x, step) : detail::fmul(x, inv_step);
+  }
+};
+
+/// The scaled_params of a block whose grid spacing is `step` (0 or nan: all codes 0).
+template <class Meta>
+LOWBIT_HD scaled_params<Meta> make_scaled_params(const Meta& m, float step) {
+  scaled_params<Meta> p{m, 0.0f, false};
+  if (step > 0.0f) {  // false for 0 and nan
+    p.inv_step = detail::fdiv(1.0f, step);
+    p.divide = detail::is_nonfinite(p.inv_step);
+  }
+  return p;
+}
+
 }  // namespace lowbit::quant

@@ -44,11 +44,7 @@ struct fp8 {
   struct meta_type {
     float scale;  ///< value = fp8(code) * scale; nan when poisoned
   };
-  struct params_type {
-    meta_type meta;
-    float inv_scale;
-    bool divide;
-  };
+  using params_type = scaled_params<meta_type>;
 
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan()};
@@ -56,18 +52,13 @@ struct fp8 {
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
-    params_type p{m, 0.0f, false};
-    if (m.scale > 0.0f) {
-      p.inv_scale = detail::fdiv(1.0f, m.scale);
-      p.divide = detail::is_nonfinite(p.inv_scale);
-    }
-    return p;
+    return make_scaled_params(m, m.scale);
   }
 
   template <class Rounding>
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     constexpr int M = Format::man_bits;
-    const float y = p.divide ? detail::fdiv(x, p.meta.scale) : detail::fmul(x, p.inv_scale);
+    const float y = p.scale(x, p.meta.scale);
     const std::uint32_t sign = (detail::float_bits(x) >> 31) << 7;
     const float a = detail::clamp_f(detail::abs_f(y), 0.0f, Format::max_value);
     // The binade of a (floats below 2^emin share the subnormal spacing).

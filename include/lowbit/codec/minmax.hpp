@@ -29,11 +29,7 @@ struct minmax {
     float min;   ///< the block's smallest value (nan when poisoned)
     float step;  ///< grid step (nan when poisoned)
   };
-  struct params_type {
-    meta_type meta;
-    float inv_step;
-    bool divide;
-  };
+  using params_type = scaled_params<meta_type>;
 
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan(), detail::quiet_nan()};
@@ -47,18 +43,13 @@ struct minmax {
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
-    params_type p{m, 0.0f, false};
-    if (m.step > 0.0f) {
-      p.inv_step = detail::fdiv(1.0f, m.step);
-      p.divide = detail::is_nonfinite(p.inv_step);
-    }
-    return p;
+    return make_scaled_params(m, m.step);
   }
 
   template <class Rounding>
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     const float d = detail::fsub(x, p.meta.min);
-    const float t = p.divide ? detail::fdiv(d, p.meta.step) : detail::fmul(d, p.inv_step);
+    const float t = p.scale(d, p.meta.step);
     const float q = Rounding::apply(detail::clamp_f(t, 0.0f, static_cast<float>(max_code)), noise);
     return static_cast<std::uint32_t>(detail::int_of(q));
   }
