@@ -43,10 +43,13 @@ namespace {
       "  --coll <c>              all_reduce | reduce_scatter | all_gather [all_reduce]\n"
       "  --bits <b>              code width: 1, 2, 4 or 8              [4]\n"
       "  --feedback <f>          none | residual | residual_bf16 | ef21 (all_reduce) [none]\n"
-      "  --schedule <s>          flat | pipelined (all_reduce)         [flat]\n"
+      "  --schedule <s>          default | flat | pipelined | pipelined2/4/8/16 [default]\n"
+      "                          (all_reduce; pipelinedK: K chunks of >= 2^20 values)\n"
       "  --csv <file>            also append the rows as CSV (rank 0)\n"
       "  --regime <label>        link-regime label for the CSV rows     [default]\n"
-      "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n");
+      "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n"
+      "  --algo <a>              all_reduce: automatic | two_phase | one_shot [automatic]\n"
+      "  --breakdown             all_reduce: time each pass alone at the largest size\n");
   std::exit(code);
 }
 
@@ -88,6 +91,10 @@ options parse(int argc, char** argv) {
       o.regime = next();
     else if (a == "--crossover")
       o.crossover = next();
+    else if (a == "--algo")
+      o.algorithm = next();
+    else if (a == "--breakdown")
+      o.breakdown = true;
     else if (a == "-h" || a == "--help")
       usage(0);
     else {
@@ -96,8 +103,11 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.min_bytes == 0 ||
-      o.max_bytes < o.min_bytes) {
-    std::fprintf(stderr, "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0\n");
+      o.max_bytes < o.min_bytes ||
+      (o.algorithm != "automatic" && o.algorithm != "two_phase" && o.algorithm != "one_shot")) {
+    std::fprintf(stderr,
+                 "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --algo "
+                 "automatic|two_phase|one_shot\n");
     std::exit(2);
   }
   return o;
@@ -137,7 +147,8 @@ int main(int argc, char** argv) {
       if (!csv) throw std::runtime_error("cannot open " + o.csv);
       std::fprintf(csv,
                    "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
-                   "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong\n");
+                   "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong,"
+                   "algorithm\n");
     }
     bool ok = false;
     if (o.dtype == "float")

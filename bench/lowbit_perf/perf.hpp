@@ -19,11 +19,12 @@ struct options {
   double factor = 2;
   int iters = 20, warmup = 5, check = 1;
   std::string dtype = "float", op = "sum", coll = "all_reduce", feedback = "none";
-  std::string schedule = "flat", csv;
-  std::string regime = "default";
-  std::string crossover = "0";  ///< bytes below which calls go to plain NCCL, or "auto"  ///< a
-                                ///< label for the CSV (e.g. nvlink, pcie, net)
+  std::string schedule = "default", csv;
+  std::string regime = "default";       ///< a label for the CSV (e.g. nvlink, pcie, net)
+  std::string crossover = "0";          ///< bytes below which calls go to plain NCCL, or "auto"
+  std::string algorithm = "automatic";  ///< all_reduce: automatic, two_phase or one_shot
   int bits = 4;
+  bool breakdown = false;  ///< all_reduce: time each pass alone at the largest size
 };
 
 /// "64M" -> 67108864: a size with an optional K/M/G (binary) suffix.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -110,11 +111,112 @@ double time_median_us(Fn&& fn, cudaStream_t stream, int warmup, int iters) {
   return us;
 }
 
+template <class C, class = void>
+struct has_algorithm : std::false_type {};
+template <class C>
+struct has_algorithm<C, std::void_t<decltype(std::declval<const C&>().algorithm())>>
+    : std::true_type {};
+
+/// The all_reduce algorithm a collective runs ("-" for reduce_scatter / all_gather).
+template <class Coll>
+const char* algorithm_name(const Coll& c) {
+  if constexpr (has_algorithm<Coll>::value)
+    return lowbit::to_string(c.algorithm());
+  else
+    return "-";
+}
+
 struct row {
   std::size_t bytes, count;
   double lowbit_us, nccl_us, rel_err, wire_ratio;
   long wrong;
 };
+
+// ---- the phases of an all_reduce, one at a time -----------------------------------------
+
+/// Times each pass of both all_reduce algorithms alone at `count` values (no feedback,
+/// flat, this rank's first shard): the serial sum is what the flat schedule costs, and
+/// the largest term is what a pipelined one cannot go below. Bytes are what each pass
+/// moves through this GPU's HBM, or sends per rank for the transfers.
+template <class T, class Codec>
+void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* out,
+               std::size_t count, cudaStream_t s) {
+  namespace k = lowbit::kernels;
+  const int P = comm.size();
+  const std::size_t shard = lowbit::schedule::shard(count, Codec::block_size, P, 0).count;
+  const std::size_t F = Codec::frame_bytes(count), f = Codec::frame_bytes(shard);
+  std::byte *frames, *pieces;
+  LOWBIT_CUDA_TRY(cudaMalloc(&frames, F * P));
+  LOWBIT_CUDA_TRY(cudaMalloc(&pieces, f * (P + 1)));
+  const lowbit::rng_key key{1, 2, 3, 0};
+  ncclComm_t c = comm.get();
+  const int rank = comm.rank();
+  struct pass {
+    const char* name;
+    double bytes;
+    std::function<void(cudaStream_t)> fn;
+  };
+  const double t = sizeof(T);
+  const std::vector<pass> passes = {
+      {"encode (whole)", count * t + F,
+       [&](cudaStream_t st) {
+         k::encode<Codec>(in, count, frames + rank * F, key, 0, lowbit::feedback::none_ref{}, st);
+       }},
+      {"all-gather frames (one_shot)", double(F) * (P - 1),
+       [&](cudaStream_t st) {
+         LOWBIT_NCCL_TRY(ncclAllGather(frames + rank * F, frames, F, ncclUint8, c, st));
+       }},
+      {"decode-sum P frames (one_shot)", double(F) * P + count * t,
+       [&](cudaStream_t st) { k::decode_accumulate<Codec>(frames, F, P, count, out, 1.0f, st); }},
+      {"send/recv shard frames (two_phase)", double(f) * (P - 1),
+       [&](cudaStream_t st) {
+         LOWBIT_NCCL_TRY(ncclGroupStart());
+         for (int p = 0; p < P; ++p) {
+           if (p == rank) continue;
+           LOWBIT_NCCL_TRY(ncclSend(pieces + rank * f, f, ncclUint8, p, c, st));
+           LOWBIT_NCCL_TRY(ncclRecv(frames + p * f, f, ncclUint8, p, c, st));  // scratch
+         }
+         LOWBIT_NCCL_TRY(ncclGroupEnd());
+       }},
+      {"decode-sum-encode-decode shard (two_phase)", double(f) * (P + 1) + shard * t,
+       [&](cudaStream_t st) {
+         k::decode_accumulate_encode_decode<Codec>(pieces, f, P, shard, pieces + P * f, key, 0,
+                                                   lowbit::feedback::none_ref{}, out, 1.0f, st);
+       }},
+      {"all-gather shard frames (two_phase)", double(f) * (P - 1),
+       [&](cudaStream_t st) {
+         LOWBIT_NCCL_TRY(ncclAllGather(pieces + rank * f, pieces, f, ncclUint8, c, st));
+       }},
+      {"decode (P-1) shards (two_phase)", (double(f) + shard * t) * (P - 1),
+       [&](cudaStream_t st) {
+         for (int p = 1; p < P; ++p) k::decode<Codec>(pieces, shard, out + p * shard, 1.0f, st);
+       }},
+  };
+  // Valid frames wherever a pass decodes (the send/recv pass lands in `frames`, after the
+  // one_shot passes; the two_phase passes use `pieces`).
+  for (int p = 0; p < P; ++p) {
+    k::encode<Codec>(in, count, frames + p * F, key, 0, lowbit::feedback::none_ref{}, s);
+    k::encode<Codec>(in + p * shard, shard, pieces + p * f, key, 0, lowbit::feedback::none_ref{},
+                     s);
+  }
+  if (rank == 0)
+    std::printf(
+        "# breakdown at %zu bytes (%zu values, %d ranks): each pass alone\n"
+        "# %-44s %10s %12s %9s\n",
+        count * sizeof(T), count, P, "pass", "us", "bytes", "GB/s");
+  double one = 0, two = 0;
+  for (const auto& ps : passes) {
+    const double us = time_median_us(ps.fn, s, o.warmup, o.iters);
+    (std::strstr(ps.name, "one_shot") || std::strstr(ps.name, "whole") ? one : two) += us;
+    if (std::strstr(ps.name, "whole")) two += us;
+    if (rank == 0)
+      std::printf("  %-44s %10.1f %12.0f %9.1f\n", ps.name, us, ps.bytes, ps.bytes / us / 1e3);
+  }
+  if (rank == 0) std::printf("# serial sums: one_shot %.1f us, two_phase %.1f us\n", one, two);
+  comm.sync(s);
+  cudaFree(frames);
+  cudaFree(pieces);
+}
 
 // ---- one configuration ------------------------------------------------------------------
 
@@ -128,6 +230,9 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   lowbit::collective_options copts;
   copts.op = o.op == "avg" ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
   copts.seed = 2026;
+  copts.algorithm = o.algorithm == "one_shot"    ? lowbit::all_reduce_algorithm::one_shot
+                    : o.algorithm == "two_phase" ? lowbit::all_reduce_algorithm::two_phase
+                                                 : lowbit::all_reduce_algorithm::automatic;
   Collective coll(comm, max_count, copts);
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -152,10 +257,10 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   if (rank == 0) {
     std::printf(
         "# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
-        "  crossover %zu B%s\n",
+        "  crossover %zu B%s  algorithm %s\n",
         o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
-        o.schedule.c_str(), P, coll.crossover_bytes(),
-        o.crossover == "auto" ? " (calibrated)" : "");
+        o.schedule.c_str(), P, coll.crossover_bytes(), o.crossover == "auto" ? " (calibrated)" : "",
+        algorithm_name(coll));
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
@@ -237,6 +342,10 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       r.rel_err = h[1] > 0 ? std::sqrt(h[0] / h[1]) : 0;
       r.wrong = long(h[2] + h[3]);
     }
+    if constexpr (Kind == coll_kind::all_reduce) {
+      if (o.breakdown && b * o.factor > double(o.max_bytes) * 1.0000001)  // the largest size
+        breakdown<T, codec>(o, comm, in, out, count, stream);
+    }
     if (rank == 0) {
       const double alg_l = bytes / t_low / 1e3, alg_n = bytes / t_nccl / 1e3;
       std::printf(
@@ -247,10 +356,12 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       std::fflush(stdout);
       if (csv)
         std::fprintf(csv,
-                     "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld\n",
+                     "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld,"
+                     "%s\n",
                      o.regime.c_str(), o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits,
                      o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus,
-                     t_nccl, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong);
+                     t_nccl, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong,
+                     algorithm_name(coll));
     }
   }
   comm.sync(stream);
@@ -267,33 +378,53 @@ using codec_of = lowbit::codec<lowbit::quant::absmax<Bits>, lowbit::round::stoch
 
 }  // namespace
 
+/// Calls fn(S{}) for the schedule named `name`: default (the library's
+/// schedule::default_schedule), flat, pipelined (pipelined<>), or pipelined<K> with K = 2, 4, 8, 16
+/// chunks of at least 2^20 values
+/// ("pipelined2" ...), for tuning. False for an unknown name.
+template <class Fn>
+bool with_schedule(const std::string& name, Fn&& fn) {
+  using namespace lowbit::schedule;
+  constexpr std::size_t small = std::size_t{1} << 20;
+  if (name == "flat") return fn(flat{}), true;
+  if (name == "default") return fn(default_schedule{}), true;
+  if (name == "pipelined") return fn(pipelined<>{}), true;
+  if (name == "pipelined2") return fn(pipelined<2, small>{}), true;
+  if (name == "pipelined4") return fn(pipelined<4, small>{}), true;
+  if (name == "pipelined8") return fn(pipelined<8, small>{}), true;
+  if (name == "pipelined16") return fn(pipelined<16, small>{}), true;
+  return false;
+}
+
 template <class T, int Bits>
 bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   using C = codec_of<Bits>;
   using namespace lowbit;
   if (o.coll == "reduce_scatter") {
     run<T, reduce_scatter<T, C>, coll_kind::reduce_scatter>(o, comm, csv);
-  } else if (o.coll == "all_gather") {
-    run<T, all_gather<T, C>, coll_kind::all_gather>(o, comm, csv);
-  } else if (o.coll != "all_reduce") {
-    return false;
-  } else if (o.schedule == "pipelined") {
-    if (o.feedback != "none") return false;
-    run<T, all_reduce<T, C, feedback::none, schedule::pipelined<>>, coll_kind::all_reduce>(o, comm,
-                                                                                           csv);
-  } else if (o.feedback == "none") {
-    run<T, all_reduce<T, C>, coll_kind::all_reduce>(o, comm, csv);
-  } else if (o.feedback == "residual") {
-    run<T, all_reduce<T, C, feedback::residual<float>>, coll_kind::all_reduce>(o, comm, csv);
-  } else if (o.feedback == "residual_bf16") {
-    run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>>, coll_kind::all_reduce>(o, comm,
-                                                                                       csv);
-  } else if (o.feedback == "ef21") {
-    run<T, all_reduce<T, C, feedback::ef21<float>>, coll_kind::all_reduce>(o, comm, csv);
-  } else {
-    return false;
+    return true;
   }
-  return true;
+  if (o.coll == "all_gather") {
+    run<T, all_gather<T, C>, coll_kind::all_gather>(o, comm, csv);
+    return true;
+  }
+  if (o.coll != "all_reduce") return false;
+  bool known = true;
+  const bool scheduled = with_schedule(o.schedule, [&](auto sched) {
+    using S = decltype(sched);
+    if (o.feedback == "none")
+      run<T, all_reduce<T, C, feedback::none, S>, coll_kind::all_reduce>(o, comm, csv);
+    else if (o.feedback == "residual")
+      run<T, all_reduce<T, C, feedback::residual<float>, S>, coll_kind::all_reduce>(o, comm, csv);
+    else if (o.feedback == "residual_bf16")
+      run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>, S>, coll_kind::all_reduce>(o, comm,
+                                                                                            csv);
+    else if (o.feedback == "ef21")
+      run<T, all_reduce<T, C, feedback::ef21<float>, S>, coll_kind::all_reduce>(o, comm, csv);
+    else
+      known = false;
+  });
+  return scheduled && known;
 }
 
 }  // namespace lowbit_perf

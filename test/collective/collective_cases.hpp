@@ -62,24 +62,33 @@ struct inputs {
 
 /// Runs one all_reduce and checks it against fp64, the simulation and the other ranks.
 template <class T, class C, class S>
-void check_all_reduce(std::size_t count, reduce_op op, input_kind kind, std::uint64_t salt) {
+void check_all_reduce(std::size_t count, reduce_op op, input_kind kind, std::uint64_t salt,
+                      all_reduce_algorithm algo = all_reduce_algorithm::automatic) {
   INFO("count " << count << ", " << C::bits << " bits, " << S::name << ", op "
-                << (op == reduce_op::avg ? "avg" : "sum") << ", " << numeric_traits<T>::name);
+                << (op == reduce_op::avg ? "avg" : "sum") << ", " << numeric_traits<T>::name << ", "
+                << to_string(algo));
   const int P = world_size();
   const double scale = op == reduce_op::avg ? 1.0 / P : 1.0;
   const inputs<T> in(kind, count, salt, scale);
   collective_options o;
   o.op = op;
   o.seed = shared_seed() + salt;
+  o.algorithm = algo;
   ar<T, C, feedback::none, S> reduce(harness::comm(), 100003, o);
+  const auto resolved = reduce.algorithm();
+  if (algo == all_reduce_algorithm::automatic)
+    CHECK(resolved == (P == 2 ? all_reduce_algorithm::one_shot : all_reduce_algorithm::two_phase));
+  else
+    CHECK(resolved == algo);
   const auto step = reduce.step();
   std::vector<T> out(count);
   harness::call(reduce, in.mine(), out, count);
   CHECK(reduce.step() == step + (count ? 1 : 0));
   if (count == 0) return;
-  CHECK(worst_ratio(out, in.exact, error_bound<C>(in.xd, true, scale)) <= 1.0);
+  const bool two_stages = resolved == all_reduce_algorithm::two_phase;
+  CHECK(worst_ratio(out, in.exact, error_bound<C>(in.xd, two_stages, scale)) <= 1.0);
   CHECK(same_on_all_ranks(out.data(), out.size() * sizeof(T)));
-  const auto sim = simulate_all_reduce<C>(in.xs, count, o.seed, step, op);
+  const auto sim = simulate_all_reduce<C>(in.xs, count, o.seed, step, op, resolved);
   CHECK(std::memcmp(sim.data(), out.data(), count * sizeof(T)) == 0);
 }
 
@@ -87,13 +96,18 @@ TEST_CASE(
     "all_reduce: within the codec's bound of fp64, equal to the host simulation, identical on all "
     "ranks") {
   std::uint64_t salt = 1;
-  for (std::size_t count : test_counts()) {
-    check_all_reduce<float, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal, salt++);
-    check_all_reduce<float, C2s, schedule::flat>(count, reduce_op::avg, input_kind::normal, salt++);
-    check_all_reduce<float, C4n, schedule::pipelined<3, 1>>(count, reduce_op::avg,
-                                                            input_kind::normal, salt++);
-    check_all_reduce<float, C2s, schedule::pipelined<4, 1>>(count, reduce_op::sum,
-                                                            input_kind::normal, salt++);
+  for (const auto algo : {all_reduce_algorithm::automatic, all_reduce_algorithm::two_phase,
+                          all_reduce_algorithm::one_shot}) {
+    for (std::size_t count : test_counts()) {
+      check_all_reduce<float, C4n, schedule::flat>(count, reduce_op::sum, input_kind::normal,
+                                                   salt++, algo);
+      check_all_reduce<float, C2s, schedule::flat>(count, reduce_op::avg, input_kind::normal,
+                                                   salt++, algo);
+      check_all_reduce<float, C4n, schedule::pipelined<3, 1>>(count, reduce_op::avg,
+                                                              input_kind::normal, salt++, algo);
+      check_all_reduce<float, C2s, schedule::pipelined<4, 1>>(count, reduce_op::sum,
+                                                              input_kind::normal, salt++, algo);
+    }
   }
 }
 
@@ -310,6 +324,7 @@ TEST_CASE(
   const inputs<float> in(input_kind::constant_normal, count, 403, 1.0 / world_size());
   collective_options o;
   o.op = reduce_op::avg;
+  o.algorithm = all_reduce_algorithm::two_phase;  // one_shot has no re-quantization
   ar<float, C2n, feedback::ef21<float, false>> reduce(harness::comm(), count, o);
   std::vector<float> out(count);
   for (int t = 0; t < 30; ++t) harness::call(reduce, in.mine(), out, count);
@@ -322,9 +337,9 @@ TEST_CASE(
 // feedback::none; the second differs; reset_feedback() (and the step) brings it back.
 template <class F, class Coll>
 void check_first_step(std::size_t count, const std::vector<float>& x,
-                      const std::vector<float>& none) {
+                      const std::vector<float>& none, const collective_options& o = {}) {
   INFO(F::name);
-  Coll c(harness::comm(), count);
+  Coll c(harness::comm(), count, o);
   std::vector<float> a(count), b(count);
   harness::call(c, x, a, count);
   CHECK(a == none);
@@ -339,18 +354,23 @@ void check_first_step(std::size_t count, const std::vector<float>& x,
 TEST_CASE("feedback state starts at zero, evolves, and resets") {
   const std::size_t count = 3000;
   const inputs<float> in(input_kind::normal, count, 450);
-  std::vector<float> none(count);
+  std::vector<float> none(count), none2(count);
   ar<float, C2s> plain(harness::comm(), count);
   harness::call(plain, in.mine(), none, count);
   check_first_step<feedback::residual<>, ar<float, C2s, feedback::residual<>>>(count, in.mine(),
                                                                                none);
-  check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(
-      count, in.mine(), none);
   check_first_step<feedback::ef21<>, ar<float, C2s, feedback::ef21<>>>(count, in.mine(), none);
+  // The second stage acts on two_phase's re-encoding only.
+  collective_options two;
+  two.algorithm = all_reduce_algorithm::two_phase;
+  ar<float, C2s> plain2(harness::comm(), count, two);
+  harness::call(plain2, in.mine(), none2, count);
+  check_first_step<feedback::stage2_only<>, ar<float, C2s, feedback::stage2_only<>>>(
+      count, in.mine(), none2, two);
   check_first_step<
       feedback::residual<__nv_bfloat16, true>,
       ar<float, C2s, feedback::residual<__nv_bfloat16, true>, schedule::pipelined<3, 1>>>(
-      count, in.mine(), none);
+      count, in.mine(), none2, two);
 }
 
 TEST_CASE("reduce_scatter: my shard is the exact sum of the decoded frames (one quantization)") {
@@ -462,7 +482,7 @@ TEST_CASE("bad input throws lowbit::invalid_argument before any byte is sent") {
   // Nothing went out: a valid call now still pairs up with the other ranks.
   CHECK(reduce.step() == 0);
   harness::call(reduce, in.mine(), out, count);
-  const auto sim = simulate_all_reduce<C4n>(in.xs, count, 0, 0, reduce_op::sum);
+  const auto sim = simulate_all_reduce<C4n>(in.xs, count, 0, 0, reduce_op::sum, reduce.algorithm());
   CHECK(std::memcmp(sim.data(), out.data(), count * sizeof(float)) == 0);
 }
 

@@ -185,13 +185,30 @@ inline bool same_on_all_ranks(const void* p, std::size_t bytes) {
   return all != 0;
 }
 
-/// The flat low-bit all_reduce of `xs` (one input per rank) computed in one process.
+/// The flat low-bit all_reduce of `xs` (one input per rank) computed in one process,
+/// by `algo` (one_shot or two_phase).
 template <class Codec, class T>
 std::vector<T> simulate_all_reduce(const std::vector<std::vector<T>>& xs, std::size_t count,
-                                   std::uint64_t seed, std::uint32_t step, reduce_op op) {
+                                   std::uint64_t seed, std::uint32_t step, reduce_op op,
+                                   all_reduce_algorithm algo) {
   const int P = static_cast<int>(xs.size());
   const float scale = op == reduce_op::avg ? 1.0f / static_cast<float>(P) : 1.0f;
   std::vector<T> out(count);
+  if (algo == all_reduce_algorithm::one_shot) {  // every rank's whole frame, summed in order
+    const std::size_t fb = Codec::frame_bytes(count);
+    lowbit::detail::host_buffer<std::byte> frames(fb * P);
+    std::vector<float> acc(count, 0.0f);
+    for (int p = 0; p < P; ++p)
+      host::encode<Codec>(span<const T>(xs[p].data(), count),
+                          span<std::byte>(frames.data() + p * fb, fb),
+                          rng_key{seed, step, static_cast<std::uint32_t>(p), 0}, 0);
+    for (int p = 0; p < P; ++p)
+      host::decode_accumulate<Codec>(span<const std::byte>(frames.data() + p * fb, fb),
+                                     span<float>(acc.data(), count));
+    for (std::size_t i = 0; i < count; ++i)
+      out[i] = from_float<T>(scale != 1.0f ? acc[i] * scale : acc[i]);
+    return out;
+  }
   for (int q = 0; q < P; ++q) {
     const auto s = schedule::shard(count, Codec::block_size, P, q);
     if (s.count == 0) continue;

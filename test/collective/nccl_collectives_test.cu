@@ -100,12 +100,15 @@ const comm::mpi_comm& host_comm() {
 
 /// The same all_reduce, step after step, on the device and on the host backend.
 template <class T, class C, class F, class S>
-void check_host_device(std::size_t count, int steps, std::uint64_t salt) {
-  INFO("count " << count << ", " << C::bits << " bits, " << F::name << ", " << S::name);
+void check_host_device(std::size_t count, int steps, std::uint64_t salt,
+                       all_reduce_algorithm algo = all_reduce_algorithm::automatic) {
+  INFO("count " << count << ", " << C::bits << " bits, " << F::name << ", " << S::name << ", "
+                << to_string(algo));
   const inputs<T> in(input_kind::normal, count, salt);
   collective_options o;
   o.seed = shared_seed() ^ salt;
   o.op = reduce_op::avg;
+  o.algorithm = algo;
   lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
   lowbit::all_reduce<T, C, F, S, backend::mpi> host(host_comm(), count, o);
   dvec<T> din(in.mine()), dout(count);
@@ -134,6 +137,14 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
                                                                                              3, 3);
     check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 4);
     check_host_device<__half, C2n, feedback::none, schedule::pipelined<3, 1>>(count, 1, 5);
+    // The other algorithm than two ranks pick by default.
+    const auto two = all_reduce_algorithm::two_phase;
+    check_host_device<float, C4s, feedback::none, schedule::flat>(count, 2, 6, two);
+    check_host_device<float, C2n, feedback::residual<float, true>, schedule::pipelined<4, 1>>(
+        count, 3, 7, two);
+    check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
+        count, 3, 8, two);
+    check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 9, two);
   }
 }
 

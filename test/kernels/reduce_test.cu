@@ -73,6 +73,29 @@ void check_reduce(std::size_t n, int frames, std::uint64_t salt, std::size_t ext
     KT_CUDA(cudaDeviceSynchronize());
     require_same_bytes(out_h.data(), d_out2.download(fbytes + 16), fbytes + 16, "frame, no sum");
   }
+
+  // The frame and its own decoded values in one pass (all_reduce's own shard): the same
+  // frame, and the bits host::decode of that frame gives, scaled.
+  std::vector<T> decoded_h(n);
+  host::decode<Codec>(span<const std::byte>(out_h.data(), fbytes), span<T>(decoded_h.data(), n),
+                      scale);
+  device_array<std::byte> d_out3(fbytes);
+  device_array<T> d_decoded(n);
+  if (n) d_e.upload(e.data(), n);
+  if constexpr (Residual) {
+    kernels::decode_accumulate_encode_decode<Codec>(
+        d_in.data(), stride, frames, n, d_out3.data(), key, index0,
+        feedback::residual_ref<float>{d_e.data()}, d_decoded.data(), scale, nullptr);
+  } else {
+    kernels::decode_accumulate_encode_decode<Codec>(d_in.data(), stride, frames, n, d_out3.data(),
+                                                    key, index0, feedback::none_ref{},
+                                                    d_decoded.data(), scale, nullptr);
+  }
+  KT_CUDA(cudaDeviceSynchronize());
+  require_same_bytes(out_h.data(), d_out3.download(fbytes + 16), fbytes + 16,
+                     "frame, with its decoded values");
+  require_same_values(decoded_h, d_decoded.download(n), "decoded re-encoded values");
+  if constexpr (Residual) require_same_values(e_h, d_e.download(n), "residual, decoded pass");
 }
 
 }  // namespace

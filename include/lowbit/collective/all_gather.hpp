@@ -17,7 +17,8 @@ namespace lowbit {
 /// are gathered, and every rank decodes all of them into out[0, count) (its own shard
 /// too, so all ranks hold identical bytes). No error feedback: a weight is gathered,
 /// not accumulated. Same lifetime, ordering and capture rules as lowbit::all_reduce.
-template <class T, class Codec, class Schedule = schedule::flat, class Backend = backend::nccl>
+template <class T, class Codec, class Schedule = schedule::default_schedule,
+          class Backend = backend::nccl>
 class all_gather {
   static_assert(detail::check_collective_params<T, feedback::none, Schedule, Backend>());
   static_assert(detail::check_codec<Codec>());
@@ -30,7 +31,7 @@ class all_gather {
   using stream_type = typename engine_type::stream_type;
 
   all_gather(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
-      : engine_(comm, max_count, opts, "lowbit::all_gather") {}
+      : engine_(comm, max_count, detail::scatter_gather_options(opts), "lowbit::all_gather") {}
 
   all_gather(all_gather&&) = default;
   all_gather& operator=(all_gather&&) = default;

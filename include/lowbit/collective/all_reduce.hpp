@@ -27,8 +27,8 @@ namespace lowbit {
 /// Stochastic rounding is keyed by (options.seed, step, rank, element index): the same
 /// inputs and seed give the same bytes run after run. Each call advances the step; a
 /// captured CUDA graph replays the step it was captured with.
-template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat,
-          class Backend = backend::nccl>
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule, class Backend = backend::nccl>
 class all_reduce {
   static_assert(detail::check_collective_params<T, Feedback, Schedule, Backend>());
   static_assert(detail::check_codec<Codec>());
@@ -84,6 +84,8 @@ class all_reduce {
   std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
   void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   const collective_options& options() const noexcept { return engine_.options(); }
+  /// The algorithm calls run: one_shot or two_phase (options().algorithm resolved).
+  all_reduce_algorithm algorithm() const noexcept { return engine_.algorithm(); }
   /// Zeroes the feedback state (not stream-ordered: call with no call in flight).
   void reset_feedback() { engine_.feedback_state().reset(); }
   /// The feedback state (its buffers are host or device memory, as the backend's).
@@ -98,7 +100,7 @@ class all_reduce {
 /// widest; the feedback state is shared by all widths (it belongs to the tensor, not
 /// to a width), so a bucket can change width from one step to the next.
 template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
-          class Feedback = feedback::none, class Schedule = schedule::flat,
+          class Feedback = feedback::none, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
 class dynamic_all_reduce;
 
@@ -150,6 +152,8 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
   std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
   void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
+  /// The algorithm calls run: one_shot or two_phase (collective_options::algorithm resolved).
+  all_reduce_algorithm algorithm() const noexcept { return engine_.algorithm(); }
   void reset_feedback() { engine_.feedback_state().reset(); }
 
  private:

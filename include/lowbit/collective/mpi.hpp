@@ -15,14 +15,16 @@
 namespace lowbit::mpi {
 
 /// The collectives with the host backend filled in.
-template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat>
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule>
 using all_reduce = lowbit::all_reduce<T, Codec, Feedback, Schedule, backend::mpi>;
-template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat>
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule>
 using reduce_scatter = lowbit::reduce_scatter<T, Codec, Feedback, Schedule, backend::mpi>;
-template <class T, class Codec, class Schedule = schedule::flat>
+template <class T, class Codec, class Schedule = schedule::default_schedule>
 using all_gather = lowbit::all_gather<T, Codec, Schedule, backend::mpi>;
 template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
-          class Feedback = feedback::none, class Schedule = schedule::flat>
+          class Feedback = feedback::none, class Schedule = schedule::default_schedule>
 using dynamic_all_reduce =
     lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::mpi>;
 

@@ -18,8 +18,8 @@ namespace lowbit {
 /// single quantization per value (the owner never re-encodes), so the error is that of
 /// one encode. Feedback: none, residual (stage 0) or ef21 (g over my shard; the output
 /// is g). Same lifetime, ordering and capture rules as lowbit::all_reduce.
-template <class T, class Codec, class Feedback = feedback::none, class Schedule = schedule::flat,
-          class Backend = backend::nccl>
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule, class Backend = backend::nccl>
 class reduce_scatter {
   static_assert(detail::check_collective_params<T, Feedback, Schedule, Backend>());
   static_assert(detail::check_codec<Codec>());
@@ -32,7 +32,7 @@ class reduce_scatter {
   using stream_type = typename engine_type::stream_type;
 
   reduce_scatter(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
-      : engine_(comm, max_count, opts, "lowbit::reduce_scatter") {}
+      : engine_(comm, max_count, detail::scatter_gather_options(opts), "lowbit::reduce_scatter") {}
 
   reduce_scatter(reduce_scatter&&) = default;
   reduce_scatter& operator=(reduce_scatter&&) = default;

@@ -50,6 +50,33 @@ inline const char* to_string(data_type t) {
   return "?";
 }
 
+/// How all_reduce moves the frames.
+enum class all_reduce_algorithm {
+  /// one_shot on 2 ranks (the same bytes on the wire, one quantization, one transfer),
+  /// two_phase on more.
+  automatic,
+  /// Reduce-scatter then all-gather of frames: every value is quantized twice (the sum is
+  /// re-encoded by its owner); each rank sends 2(P-1)/P frames of the tensor.
+  two_phase,
+  /// All-gather of every rank's whole frame, then every rank decodes and sums all P frames
+  /// (the same order on every rank, so the same bits): one quantization and one
+  /// transfer, but each rank sends (P-1) frames of the tensor, P/2 times two_phase's.
+  one_shot,
+};
+
+/// Name of an all_reduce_algorithm, for messages.
+inline const char* to_string(all_reduce_algorithm a) {
+  switch (a) {
+    case all_reduce_algorithm::automatic:
+      return "automatic";
+    case all_reduce_algorithm::two_phase:
+      return "two_phase";
+    case all_reduce_algorithm::one_shot:
+      return "one_shot";
+  }
+  return "?";
+}
+
 /// Construction-time options of a collective object.
 struct collective_options {
   reduce_op op = reduce_op::sum;  ///< sum or avg (fixed per object: EF21's state depends on it)
@@ -61,6 +88,9 @@ struct collective_options {
   /// own links; docs/performance.md lists measured values. Ignored with EF21 (its state
   /// needs the codec) and on the MPI backend.
   std::size_t crossover_bytes = 0;
+  /// all_reduce's algorithm (fixed per object: it sizes the workspace). Second-stage
+  /// error feedback (feedback::residual<R, true>) acts on two_phase's re-encoding only.
+  all_reduce_algorithm algorithm = all_reduce_algorithm::automatic;
 };
 
 /// Backend tags: where the buffers live and what moves them.

@@ -49,10 +49,12 @@ __device__ __forceinline__ void decode_group(const std::byte* frame, std::size_t
   Codec::dequantize_group(codes, m, y);
 }
 
+/// Decodes a frame, or (sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
+/// apart, from 0.0f in frame order as the host's decode_accumulate does; then scales.
 template <class Codec, class T>
 __global__ void __launch_bounds__(launch_policy::max_threads)
-    decode_kernel(const std::byte* __restrict__ frame, std::size_t count, T* __restrict__ out,
-                  float scale, bool out_vector) {
+    decode_kernel(const std::byte* __restrict__ frame, std::size_t frame_stride, int num_frames,
+                  bool sum, std::size_t count, T* __restrict__ out, float scale, bool out_vector) {
   using layout = lane_layout<1>;  // decoding needs no block reduction: a lane per group
   using tile_t = warp_tile<T, layout>;
   __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
@@ -75,6 +77,16 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
     if (group * 32 < count) {
       float y[32];
       decode_group<Codec>(frame, codes_offset, group, y);
+      if (sum) {
+        LOWBIT_UNROLL
+        for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
+        for (int p = 1; p < num_frames; ++p) {
+          float z[32];
+          decode_group<Codec>(frame + p * frame_stride, codes_offset, group, z);
+          LOWBIT_UNROLL
+          for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(y[i], z[i]);
+        }
+      }
       LOWBIT_UNROLL
       for (int i = 0; i < 32; ++i) {
         float v = y[i];
@@ -104,7 +116,7 @@ void decode(const std::byte* frame, std::size_t count, T* out, float scale, cuda
   const std::size_t tiles = (count + 1023) / 1024;
   detail::decode_kernel<Codec, T>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          frame, count, out, scale, detail::aligned16(out));
+          frame, 0, 1, false, count, out, scale, detail::aligned16(out));
   LOWBIT_CHECK_LAUNCH();
 }
 

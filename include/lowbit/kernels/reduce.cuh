@@ -1,6 +1,8 @@
 // The middle of all_reduce in one kernel: decode the P frames of a shard, sum them in
 // fp32 (frame order, from 0.0f, as the host does), apply the optional second-stage
-// feedback, and encode the sum into one frame; optionally also write the sum as T.
+// feedback, and encode the sum into one frame; optionally also write, as T, either the
+// sum or the decoded value of the frame just written (all_reduce's own shard, which then
+// needs no separate decode pass).
 #pragma once
 
 #include <cstddef>
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
-                  float reduced_scale, bool out_vector, bool state_vector) {
+                  float reduced_scale, bool requantized_out, bool out_vector, bool state_vector) {
   using traits = reduce_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
@@ -96,7 +98,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
       }
     }
 
-    if (reduced_out != nullptr) {
+    // The T output: the sum now, or (requantized_out) what encode_group decodes back.
+    const auto write_out = [&] {
       typename tile_t::row r;
       LOWBIT_UNROLL
       for (int i = 0; i < 32; ++i) {
@@ -106,7 +109,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
       }
       store_group_values<T, layout>(reduced_out + tile_first, tile_n, full && out_vector, s, lane,
                                     r);
-    }
+    };
+    if (reduced_out != nullptr && !requantized_out) write_out();
 
     if (out_frame != nullptr) {
       if constexpr (staged::value) {
@@ -114,12 +118,13 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         R* state = staged::state(fb) + tile_first;
         st.load(state, tile_n, full && state_vector, s, lane);
         encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
-                                    key, index0 + first, staged::bind(st.v));
+                                    key, index0 + first, staged::bind(st.v), requantized_out);
         st.store(state, tile_n, full && state_vector, s, lane);
       } else {
         encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
-                                    key, index0 + first, fb.shifted(first));
+                                    key, index0 + first, fb.shifted(first), requantized_out);
       }
+      if (reduced_out != nullptr && requantized_out) write_out();
     }
   }
 }
@@ -128,7 +133,8 @@ template <class Codec, class Feedback, class T>
 void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_frames,
                    std::size_t count, std::byte* out_frame, const rng_key& key,
                    std::uint64_t index0, Feedback fb, T* reduced_out, float reduced_scale,
-                   cudaStream_t stream, const launch_policy& policy, const char* what) {
+                   bool requantized_out, cudaStream_t stream, const launch_policy& policy,
+                   const char* what) {
   check_codec_types<Codec, T, Feedback>();
   const std::string w(what);
   LOWBIT_EXPECTS(num_frames >= 1, w + ": num_frames must be >= 1");
@@ -138,6 +144,8 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
   LOWBIT_EXPECTS(aligned16(out_frame), w + ": out_frame must be 16-byte aligned");
   LOWBIT_EXPECTS(count == 0 || out_frame != nullptr || reduced_out != nullptr,
                  w + ": out_frame and reduced_out are both null");
+  LOWBIT_EXPECTS(!requantized_out || count == 0 || (out_frame != nullptr && reduced_out != nullptr),
+                 w + ": the decoded re-encoded values need both out_frame and decoded_out");
   check_index0(index0, what);
   using staged = staged_feedback<Feedback>;
   bool state_vector = true;
@@ -153,7 +161,7 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
   reduce_kernel<Codec, T, Feedback>
       <<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
           frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
-          reduced_scale, aligned16(reduced_out), state_vector);
+          reduced_scale, requantized_out, aligned16(reduced_out), state_vector);
   LOWBIT_CHECK_LAUNCH();
 }
 
@@ -173,8 +181,22 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
                               float reduced_scale, cudaStream_t stream,
                               const launch_policy& policy) {
   detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
-                               reduced_out, reduced_scale, stream, policy,
+                               reduced_out, reduced_scale, false, stream, policy,
                                "kernels::decode_accumulate_encode");
+}
+
+/// decode_accumulate_encode that also writes `decoded_out[i] = T(scale * v)`, v the value
+/// the new frame decodes to: the bits kernels::decode(out_frame, count, decoded_out, scale)
+/// would write, without reading the frame back (all_reduce's own shard). Neither pointer
+/// may be null when count > 0.
+template <class Codec, class Feedback = feedback::none_ref, class T = float>
+void decode_accumulate_encode_decode(const std::byte* frames, std::size_t frame_stride,
+                                     int num_frames, std::size_t count, std::byte* out_frame,
+                                     const rng_key& key, std::uint64_t index0, Feedback fb,
+                                     T* decoded_out, float scale, cudaStream_t stream) {
+  detail::launch_reduce<Codec>(
+      frames, frame_stride, num_frames, count, out_frame, key, index0, fb, decoded_out, scale, true,
+      stream, detail::default_policy(pass::reduce), "kernels::decode_accumulate_encode_decode");
 }
 
 /// decode_accumulate_encode with the sum written unscaled (when reduced_out is not null)
@@ -205,11 +227,28 @@ void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride,
 template <class Codec, class T>
 void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int num_frames,
                        std::size_t count, T* out, float scale, cudaStream_t stream) {
+  static_assert(is_codec_v<Codec>,
+                "lowbit::kernels::decode_accumulate: Codec must be a lowbit::codec<...>");
+  static_assert(is_element_type_v<T>,
+                "lowbit::kernels::decode_accumulate: the element type "
+                "must be float, __half or __nv_bfloat16");
+  const char* what = "kernels::decode_accumulate";
   LOWBIT_EXPECTS(count == 0 || out != nullptr,
                  "kernels::decode_accumulate: out is null but count is nonzero");
-  detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, nullptr, rng_key{}, 0,
-                               feedback::none_ref{}, out, scale, stream,
-                               detail::default_policy(pass::reduce), "kernels::decode_accumulate");
+  LOWBIT_EXPECTS(num_frames >= 1, "kernels::decode_accumulate: num_frames must be >= 1");
+  LOWBIT_EXPECTS(frame_stride >= Codec::frame_bytes(count) && frame_stride % 16 == 0,
+                 "kernels::decode_accumulate: frame_stride must hold a frame and be a multiple "
+                 "of 16");
+  detail::check_frame_pointer(frames, count, what);
+  if (count == 0) return;
+  // The decode kernel's layout (a lane per group, no block reduction): the sum needs no
+  // statistics, and this pass runs near the decode's bandwidth.
+  const launch_policy policy = detail::default_policy(pass::decode);
+  const std::size_t tiles = (count + 1023) / 1024;
+  detail::decode_kernel<Codec, T>
+      <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
+          frames, frame_stride, num_frames, true, count, out, scale, detail::aligned16(out));
+  LOWBIT_CHECK_LAUNCH();
 }
 
 }  // namespace lowbit::kernels

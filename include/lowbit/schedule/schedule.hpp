@@ -48,6 +48,11 @@ struct pipelined {
   static constexpr const char* name = "pipelined";
 };
 
+/// The collectives' default: one flat pass below 2 x 2^25 values per rank's share (a
+/// one-chunk call runs on the caller's stream alone, as schedule::flat does), up to 4
+/// overlapped chunks above. Measured on 2x H200 (docs/performance.md).
+using default_schedule = pipelined<>;
+
 template <class S, class = void>
 struct is_schedule_policy : std::false_type {};
 template <class S>

@@ -42,7 +42,7 @@ struct backend_impl<backend::mpi> {
   }
   void check_alive(const char* who) const { comm_->check(who); }
 
-  void begin(stream_type) {}
+  void begin(stream_type, bool /*overlap*/) {}
   void end() {}
   void signal(lane, int) {}
   void wait(lane, int) {}
@@ -60,13 +60,15 @@ struct backend_impl<backend::mpi> {
                         scale);
   }
 
-  template <class Codec, class Fb>
-  void reduce_encode(lane, const std::byte* frames, std::size_t stride, int num_frames,
+  /// decoded_out (may be null) gets the new frame decoded, times scale.
+  template <class Codec, class Fb, class U>
+  void reduce_encode(lane l, const std::byte* frames, std::size_t stride, int num_frames,
                      std::size_t n, std::byte* out_frame, const rng_key& key, std::uint64_t index0,
-                     Fb fb, float* acc) {
+                     Fb fb, float* acc, U* decoded_out, float scale) {
     host::decode_accumulate_encode<Codec>(frames, stride, num_frames, span<float>(acc, n),
                                           span<std::byte>(out_frame, Codec::frame_bytes(n)), key,
                                           index0, fb);
+    if (decoded_out != nullptr) decode<Codec>(l, out_frame, n, decoded_out, scale);
   }
 
   /// out = scale * (sum of the decoded frames), summed in fp32 in rank order.

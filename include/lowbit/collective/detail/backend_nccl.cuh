@@ -57,24 +57,28 @@ struct backend_impl<backend::nccl> {
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
 
-  void begin(cudaStream_t stream) {
+  /// Starts a call. With `overlap` (a call of several chunks) the transfers go to the
+  /// internal stream; a one-chunk call stays on the caller's stream, where the fork, the
+  /// join and the events would only add latency.
+  void begin(cudaStream_t stream, bool overlap) {
     caller_ = stream;
-    if (side_.get()) {  // fork: the transfer stream starts after the caller's prior work
+    overlap_ = overlap && side_.get() != nullptr;
+    if (overlap_) {  // fork: the transfer stream starts after the caller's prior work
       LOWBIT_CUDA_TRY(cudaEventRecord(fork_event(), caller_));
       LOWBIT_CUDA_TRY(cudaStreamWaitEvent(side_.get(), fork_event(), 0));
     }
   }
   void end() {
-    if (side_.get()) {  // join: the caller's stream continues after every transfer
+    if (overlap_) {  // join: the caller's stream continues after every transfer
       LOWBIT_CUDA_TRY(cudaEventRecord(join_event(), side_.get()));
       LOWBIT_CUDA_TRY(cudaStreamWaitEvent(caller_, join_event(), 0));
     }
   }
   void signal(lane l, int e) {
-    if (side_.get()) LOWBIT_CUDA_TRY(cudaEventRecord(events_[e].get(), stream(l)));
+    if (overlap_) LOWBIT_CUDA_TRY(cudaEventRecord(events_[e].get(), stream(l)));
   }
   void wait(lane l, int e) {
-    if (side_.get()) LOWBIT_CUDA_TRY(cudaStreamWaitEvent(stream(l), events_[e].get(), 0));
+    if (overlap_) LOWBIT_CUDA_TRY(cudaStreamWaitEvent(stream(l), events_[e].get(), 0));
   }
 
   template <class Codec, class T, class Fb>
@@ -88,12 +92,19 @@ struct backend_impl<backend::nccl> {
     kernels::decode<Codec, U>(frame, n, out, scale, stream(l));
   }
 
-  template <class Codec, class Fb>
+  /// decoded_out (may be null): what decode(out_frame, n, decoded_out, scale) would write,
+  /// from the same pass.
+  template <class Codec, class Fb, class U>
   void reduce_encode(lane l, const std::byte* frames, std::size_t stride, int num_frames,
                      std::size_t n, std::byte* out_frame, const rng_key& key, std::uint64_t index0,
-                     Fb fb, float* /*acc: the kernel keeps the sum in registers*/) {
-    kernels::decode_accumulate_encode<Codec, Fb>(frames, stride, num_frames, n, out_frame, key,
-                                                 index0, fb, nullptr, stream(l));
+                     Fb fb, float* /*acc: the kernel keeps the sum in registers*/, U* decoded_out,
+                     float scale) {
+    if (decoded_out != nullptr)
+      kernels::decode_accumulate_encode_decode<Codec, Fb, U>(
+          frames, stride, num_frames, n, out_frame, key, index0, fb, decoded_out, scale, stream(l));
+    else
+      kernels::decode_accumulate_encode<Codec, Fb>(frames, stride, num_frames, n, out_frame, key,
+                                                   index0, fb, nullptr, stream(l));
   }
 
   template <class Codec, class U>
@@ -178,14 +189,13 @@ struct backend_impl<backend::nccl> {
   }
 
  private:
-  cudaStream_t stream(lane l) const {
-    return l == lane::comm && side_.get() ? side_.get() : caller_;
-  }
+  cudaStream_t stream(lane l) const { return l == lane::comm && overlap_ ? side_.get() : caller_; }
   cudaEvent_t fork_event() const { return events_[events_.size() - 2].get(); }
   cudaEvent_t join_event() const { return events_[events_.size() - 1].get(); }
 
   const comm_type* comm_;
   cudaStream_t caller_ = nullptr;
+  bool overlap_ = false;
   unique_stream side_;
   std::vector<unique_event> events_;
 };

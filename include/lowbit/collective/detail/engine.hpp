@@ -5,9 +5,18 @@
 //   1 compute  encode piece k of every shard (stage 0): own piece into its receive slot
 //   2 comm     all-to-all of the frames
 //   3 compute  decode + sum my piece's P frames in fp32, re-encode the sum (stage 1)
-//              straight into my slot of the gather buffer
+//              straight into my slot of the gather buffer, and write that frame's
+//              decoded values into my piece of the output from the same pass
 //   4 comm     in-place all-gather of the reduced frames
-//   5 compute  decode every reduced frame (the owner's too) into the output
+//   5 compute  decode every other rank's reduced frame into the output
+// Every rank's output is the decode of the same gathered frames, so all ranks agree bit
+// for bit. Phase 1 encodes the pieces other ranks wait for first and signals them before
+// encoding its own, so that the transfer starts while the own piece is encoded.
+// The one-shot all_reduce (two ranks by default; collective_options::algorithm), per
+// chunk k (piece k of the whole tensor):
+//   1 compute  encode my piece k into my slot of the gather buffer (stage 0)
+//   2 comm     in-place all-gather of the frames
+//   3 compute  decode + sum the P frames in fp32, in rank order, into the output
 // Each phase is issued for all chunks before the next, on two lanes (streams on NCCL)
 // linked by one event per chunk and phase, so chunk k+1's encoding overlaps chunk k's
 // transfer. Every read of the input happens in phase 1, before any write of the output
@@ -58,10 +67,22 @@ struct capacity {
   std::size_t send = 0, recv = 0, gather = 0, shard = 0;
 };
 
+/// The options of a reduce_scatter or all_gather object: their schedule is the two-phase
+/// algorithm's half, whatever `algorithm` says (it sizes the workspace).
+inline collective_options scatter_gather_options(collective_options o) {
+  o.algorithm = all_reduce_algorithm::two_phase;
+  return o;
+}
+
 template <class Codec>
-capacity capacity_of(std::size_t max_count, int ranks, int chunks) {
+capacity capacity_of(std::size_t max_count, int ranks, int chunks, bool one_shot) {
   capacity c;
-  {
+  if (one_shot) {  // only P slots of every piece of the whole tensor; sums of whole pieces
+    const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
+    const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
+    c.gather = P * (Codec::num_blocks(max_count) * block_bytes + 32 * K);
+    c.shard = max_count;
+  } else {
     const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
     const std::size_t nblocks = Codec::num_blocks(max_count);
     const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
@@ -94,9 +115,12 @@ class engine {
         opts_(opts),
         step_(opts.first_step),
         P_(comm.size()),
-        rank_(comm.rank()) {
+        rank_(comm.rank()),
+        one_shot_(opts.algorithm == all_reduce_algorithm::one_shot ||
+                  (opts.algorithm == all_reduce_algorithm::automatic && P_ == 2)) {
     std::size_t send = 0, recv = 0, gather = 0, shard = 0;
-    const capacity caps[] = {capacity_of<Codecs>(max_count, P_, Schedule::max_chunks)...};
+    const capacity caps[] = {
+        capacity_of<Codecs>(max_count, P_, Schedule::max_chunks, one_shot_)...};
     for (const auto& c : caps) {
       send = std::max(send, c.send);
       recv = std::max(recv, c.recv);
@@ -128,6 +152,10 @@ class engine {
            sizeof(float) * (acc_.size() + tmp_.size()) + state_.bytes();
   }
   int size() const noexcept { return P_; }
+  /// The all_reduce algorithm this object runs (automatic resolved).
+  all_reduce_algorithm algorithm() const noexcept {
+    return one_shot_ ? all_reduce_algorithm::one_shot : all_reduce_algorithm::two_phase;
+  }
   int rank() const noexcept { return rank_; }
   std::uint32_t step() const noexcept { return step_; }
   void set_step(std::uint32_t s) noexcept { step_ = s; }
@@ -162,13 +190,17 @@ class engine {
         return;
       }
     }
+    if (one_shot_) {
+      all_reduce_one_shot<Codec>(in, out, count, stream);
+      return;
+    }
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const rng_key key1{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 1};
     const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
     const schedule::range mine = my_shard<Codec>(count);
     const std::size_t B = Codec::block_size;
-    be_.begin(stream);
+    be_.begin(stream, K > 1);
 
     encode_pieces<Codec>(in, count, K, key0);
     exchange(K);
@@ -176,17 +208,20 @@ class engine {
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece(mine, B, K, k);
       if (pc.count > 0) {
+        // EF21 decodes into its replicated state in phase 5 instead.
+        T* decoded = Feedback::replicated ? nullptr : out + pc.begin;
         be_.template reduce_encode<Codec>(
             lane::compute, recv_.data() + recv_base_[k], recv_stride_[k], P_, pc.count,
             gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key1, pc.begin,
-            state_.stage2_ref().shifted(pc.begin - mine.begin), acc_.data());
+            state_.stage2_ref().shifted(pc.begin - mine.begin), acc_.data(), decoded, scale);
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
     gather(K, phase::reduced);
-    for (int k = 0; k < K; ++k) {  // 5: decode every reduced frame
+    for (int k = 0; k < K; ++k) {  // 5: decode the reduced frames (mine is done, but EF21's)
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
+        if (p == rank_ && !Feedback::replicated) continue;
         const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
         if (pc.count == 0) continue;
         const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k];
@@ -197,6 +232,42 @@ class engine {
         } else {
           be_.template decode<Codec>(lane::compute, frame, pc.count, out + pc.begin, scale);
         }
+      }
+    }
+    be_.end();
+    ++step_;
+  }
+
+  // ---- all_reduce, one shot: gather every rank's frame, every rank sums them all ------
+  template <class Codec>
+  void all_reduce_one_shot(const T* in, T* out, std::size_t count, stream_type stream) {
+    const std::size_t B = Codec::block_size;
+    const int K = plan_one_shot<Codec>(count);
+    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const schedule::range all{0, count};
+    const auto fb = state_.worker_ref();
+    be_.begin(stream, K > 1);
+    for (int k = 0; k < K; ++k) {  // 1: encode my piece k into my slot
+      const schedule::range pc = schedule::piece(all, B, K, k);
+      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count,
+                                 gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
+                                 pc.begin, fb.shifted(pc.begin));
+      be_.signal(lane::compute, event(k, phase::reduced));
+    }
+    gather(K, phase::reduced);
+    for (int k = 0; k < K; ++k) {  // 3: sum the P frames of piece k
+      be_.wait(lane::compute, event(k, phase::gathered));
+      const schedule::range pc = schedule::piece(all, B, K, k);
+      const std::byte* frames = gather_.data() + gather_off_[k];
+      if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
+        be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
+                                   tmp_.data() + pc.begin, scale, acc_.data());
+        be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
+                              state_.replicated() + pc.begin, out + pc.begin);
+      } else {
+        be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
+                                   out + pc.begin, scale, acc_.data());
       }
     }
     be_.end();
@@ -220,7 +291,7 @@ class engine {
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
     const std::size_t B = Codec::block_size;
-    be_.begin(stream);
+    be_.begin(stream, K > 1);
     encode_pieces<Codec>(in, count, K, key0);
     exchange(K);
     for (int k = 0; k < K; ++k) {
@@ -259,7 +330,7 @@ class engine {
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const std::size_t B = Codec::block_size;
-    be_.begin(stream);
+    be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {
       const schedule::range pc = schedule::piece(mine, B, K, k);
       if (pc.count > 0) {
@@ -341,21 +412,42 @@ class engine {
     return K;
   }
 
+  /// The one-shot plan: piece k of the whole tensor has P slots of its frame's size.
+  template <class Codec>
+  int plan_one_shot(std::size_t count) {
+    const std::size_t B = Codec::block_size;
+    const int K = schedule::num_chunks<Schedule>(count, B, 1);
+    std::size_t gather = 0;
+    for (int k = 0; k < K; ++k) {
+      const std::size_t slot = Codec::frame_bytes(schedule::piece({0, count}, B, K, k).count);
+      gather_off_[k] = gather;
+      gather_slot_[k] = slot;
+      gather += P_ * slot;
+    }
+    if (gather > gather_.size())
+      LOWBIT_FAIL("workspace bound violated (a lowbit bug): one-shot gather " +
+                  std::to_string(gather) + "/" + std::to_string(gather_.size()));
+    return K;
+  }
+
   /// Phase 1: every shard's piece k, encoded for its owner (stage 0).
   template <class Codec>
   void encode_pieces(const T* in, std::size_t count, int K, const rng_key& key0) {
     const std::size_t B = Codec::block_size;
     const auto fb = state_.worker_ref();
+    const auto encode_piece = [&](int k, int p) {
+      const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+      if (pc.count == 0) return;
+      const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
+      std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
+      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, frame, key0, pc.begin,
+                                 fb.shifted(pc.begin));
+    };
     for (int k = 0; k < K; ++k) {
-      for (int p = 0; p < P_; ++p) {
-        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
-        if (pc.count == 0) continue;
-        const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-        std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
-        be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, frame, key0, pc.begin,
-                                   fb.shifted(pc.begin));
-      }
+      for (int p = 0; p < P_; ++p)
+        if (p != rank_) encode_piece(k, p);
       be_.signal(lane::compute, event(k, phase::encoded));
+      encode_piece(k, rank_);  // needed only by phase 3, on this lane
     }
   }
 
@@ -385,6 +477,7 @@ class engine {
   collective_options opts_;
   std::uint32_t step_;
   int P_, rank_;
+  bool one_shot_;
   buffer<std::byte> send_, recv_, gather_;
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;

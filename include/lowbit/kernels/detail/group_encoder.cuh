@@ -95,11 +95,14 @@ __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[
 /// c      the lane's values (x, or the fp32 sum), valid in [0, valid); the rest are 0
 /// fb     the feedback ref, indexed from the group's first value
 /// index  tensor index of the group's first value (keys stochastic rounding)
+/// decode_back  when true, c leaves holding the decoded codes (Codec::dequantize_group of
+///              what was written: the bits kernels::decode of the frame would produce)
 template <class Codec, class Layout, class Feedback>
 __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane, bool live,
                                              std::size_t block, std::size_t group, std::byte* frame,
                                              std::size_t codes_offset, const rng_key& key,
-                                             std::uint64_t index, const Feedback& fb) {
+                                             std::uint64_t index, const Feedback& fb,
+                                             bool decode_back = false) {
   using quantizer = typename Codec::quantizer_type;
   constexpr int G = Codec::group_size;
 
@@ -136,6 +139,7 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
           fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
     }
   }
+  if (decode_back) Codec::dequantize_group(codes, meta, c);
 }
 
 }  // namespace lowbit::kernels::detail
