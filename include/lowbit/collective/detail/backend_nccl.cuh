@@ -47,7 +47,10 @@ struct backend_impl<backend::nccl> {
 
   backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
     if (streams > 1) {
-      side_ = unique_stream::create();
+      // The transfers' stream outranks the codec's: an NCCL kernel issued while a codec
+      // kernel's grid is still being dispatched would otherwise wait for its last wave,
+      // and the pipeline would run serially.
+      side_ = unique_stream::create_high_priority();
       events_.reserve(static_cast<std::size_t>(events) + 2);
       for (int i = 0; i < events + 2; ++i) events_.push_back(unique_event::create());
     }

@@ -64,6 +64,15 @@ class unique_stream {
     LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
     return s;
   }
+  /// A stream of the device's greatest priority: the block scheduler starts its kernels'
+  /// CTAs before those of a kernel already queued on a normal stream.
+  static unique_stream create_high_priority() {
+    int least = 0, greatest = 0;
+    LOWBIT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    unique_stream s;
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithPriority(&s.s_, cudaStreamNonBlocking, greatest));
+    return s;
+  }
   unique_stream(unique_stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
   unique_stream& operator=(unique_stream&& o) noexcept {
     if (this != &o) {
