@@ -400,13 +400,15 @@ template <class T, int Bits>
 bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   using C = codec_of<Bits>;
   using namespace lowbit;
-  if (o.coll == "reduce_scatter") {
-    run<T, reduce_scatter<T, C>, coll_kind::reduce_scatter>(o, comm, csv);
-    return true;
-  }
-  if (o.coll == "all_gather") {
-    run<T, all_gather<T, C>, coll_kind::all_gather>(o, comm, csv);
-    return true;
+  if (o.coll == "reduce_scatter" || o.coll == "all_gather") {
+    if (o.feedback != "none") return false;
+    return with_schedule(o.schedule, [&](auto sched) {
+      using S = decltype(sched);
+      if (o.coll == "reduce_scatter")
+        run<T, reduce_scatter<T, C, feedback::none, S>, coll_kind::reduce_scatter>(o, comm, csv);
+      else
+        run<T, all_gather<T, C, S>, coll_kind::all_gather>(o, comm, csv);
+    });
   }
   if (o.coll != "all_reduce") return false;
   bool known = true;
