@@ -134,10 +134,11 @@ struct row {
 
 // ---- the phases of an all_reduce, one at a time -----------------------------------------
 
-/// Times each pass of both all_reduce algorithms alone at `count` values (no feedback,
-/// flat, this rank's first shard): the serial sum is what the flat schedule costs, and
-/// the largest term is what a pipelined one cannot go below. Bytes are what each pass
-/// moves through this GPU's HBM, or sends per rank for the transfers.
+/// Times each pass of both all_reduce algorithms, reduce_scatter and all_gather alone at
+/// `count` values (no feedback unless named, flat, this rank's first shard): the serial
+/// sum is what a flat call costs, and the larger of its transfer and its codec passes is
+/// what a pipelined one cannot go below. Bytes are what each pass moves through this
+/// GPU's HBM, or sends per rank for the transfers.
 template <class T, class Codec>
 void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* out,
                std::size_t count, cudaStream_t s) {
@@ -146,54 +147,77 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   const std::size_t shard = lowbit::schedule::shard(count, Codec::block_size, P, 0).count;
   const std::size_t F = Codec::frame_bytes(count), f = Codec::frame_bytes(shard);
   std::byte *frames, *pieces;
+  __nv_bfloat16* residual;
   LOWBIT_CUDA_TRY(cudaMalloc(&frames, F * P));
   LOWBIT_CUDA_TRY(cudaMalloc(&pieces, f * (P + 1)));
+  LOWBIT_CUDA_TRY(cudaMalloc(&residual, count * sizeof(__nv_bfloat16)));
+  LOWBIT_CUDA_TRY(cudaMemsetAsync(residual, 0, count * sizeof(__nv_bfloat16), s));
   const lowbit::rng_key key{1, 2, 3, 0};
   ncclComm_t c = comm.get();
   const int rank = comm.rank();
+  // Which calls a pass belongs to.
+  enum : unsigned { one_shot = 1, two_phase = 2, gather = 4, scatter = 8 };
   struct pass {
     const char* name;
+    unsigned in;
     double bytes;
     std::function<void(cudaStream_t)> fn;
   };
   const double t = sizeof(T);
+  const auto sendrecv = [&](cudaStream_t st) {
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < P; ++p) {
+      if (p == rank) continue;
+      LOWBIT_NCCL_TRY(ncclSend(pieces + rank * f, f, ncclUint8, p, c, st));
+      LOWBIT_NCCL_TRY(ncclRecv(frames + p * f, f, ncclUint8, p, c, st));  // scratch
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  };
   const std::vector<pass> passes = {
-      {"encode (whole)", count * t + F,
+      {"encode (whole)", one_shot | two_phase | scatter, count * t + F,
        [&](cudaStream_t st) {
          k::encode<Codec>(in, count, frames + rank * F, key, 0, lowbit::feedback::none_ref{}, st);
        }},
-      {"all-gather frames (one_shot)", double(F) * (P - 1),
+      {"encode (whole) + bf16 residual", 0, count * t + F + 4.0 * count,
+       [&](cudaStream_t st) {
+         k::encode<Codec>(in, count, frames + rank * F, key, 0,
+                          lowbit::feedback::residual_ref<__nv_bfloat16>{residual}, st);
+       }},
+      {"all-gather frames (one_shot)", one_shot, double(F) * (P - 1),
        [&](cudaStream_t st) {
          LOWBIT_NCCL_TRY(ncclAllGather(frames + rank * F, frames, F, ncclUint8, c, st));
        }},
-      {"decode-sum P frames (one_shot)", double(F) * P + count * t,
+      {"decode-sum P frames (one_shot)", one_shot, double(F) * P + count * t,
        [&](cudaStream_t st) { k::decode_accumulate<Codec>(frames, F, P, count, out, 1.0f, st); }},
-      {"send/recv shard frames (two_phase)", double(f) * (P - 1),
-       [&](cudaStream_t st) {
-         LOWBIT_NCCL_TRY(ncclGroupStart());
-         for (int p = 0; p < P; ++p) {
-           if (p == rank) continue;
-           LOWBIT_NCCL_TRY(ncclSend(pieces + rank * f, f, ncclUint8, p, c, st));
-           LOWBIT_NCCL_TRY(ncclRecv(frames + p * f, f, ncclUint8, p, c, st));  // scratch
-         }
-         LOWBIT_NCCL_TRY(ncclGroupEnd());
-       }},
-      {"decode-sum-encode-decode shard (two_phase)", double(f) * (P + 1) + shard * t,
+      {"send/recv shard frames (two_phase, r_s)", two_phase | scatter, double(f) * (P - 1),
+       sendrecv},
+      {"decode-sum-encode-decode shard (two_phase)", two_phase, double(f) * (P + 1) + shard * t,
        [&](cudaStream_t st) {
          k::decode_accumulate_encode_decode<Codec>(pieces, f, P, shard, pieces + P * f, key, 0,
                                                    lowbit::feedback::none_ref{}, out, 1.0f, st);
        }},
-      {"all-gather shard frames (two_phase)", double(f) * (P - 1),
+      {"all-gather shard frames (two_phase, a_g)", two_phase | gather, double(f) * (P - 1),
        [&](cudaStream_t st) {
          LOWBIT_NCCL_TRY(ncclAllGather(pieces + rank * f, pieces, f, ncclUint8, c, st));
        }},
-      {"decode (P-1) shards (two_phase)", (double(f) + shard * t) * (P - 1),
+      {"decode (P-1) shards (two_phase)", two_phase, (double(f) + shard * t) * (P - 1),
        [&](cudaStream_t st) {
          for (int p = 1; p < P; ++p) k::decode<Codec>(pieces, shard, out + p * shard, 1.0f, st);
        }},
+      {"decode-sum shard (reduce_scatter)", scatter, double(f) * P + shard * t,
+       [&](cudaStream_t st) { k::decode_accumulate<Codec>(pieces, f, P, shard, out, 1.0f, st); }},
+      {"encode my shard (all_gather)", gather, shard * t + f,
+       [&](cudaStream_t st) {
+         k::encode<Codec>(in, shard, pieces + P * f, key, 0, lowbit::feedback::none_ref{}, st);
+       }},
+      {"decode P shards (all_gather)", gather, (double(f) + shard * t) * P,
+       [&](cudaStream_t st) {
+         for (int p = 0; p < P; ++p)
+           k::decode<Codec>(pieces + p * f, shard, out + p * shard, 1.0f, st);
+       }},
   };
   // Valid frames wherever a pass decodes (the send/recv pass lands in `frames`, after the
-  // one_shot passes; the two_phase passes use `pieces`).
+  // one_shot passes; the other passes use `pieces`).
   for (int p = 0; p < P; ++p) {
     k::encode<Codec>(in, count, frames + p * F, key, 0, lowbit::feedback::none_ref{}, s);
     k::encode<Codec>(in + p * shard, shard, pieces + p * f, key, 0, lowbit::feedback::none_ref{},
@@ -204,18 +228,23 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
         "# breakdown at %zu bytes (%zu values, %d ranks): each pass alone\n"
         "# %-44s %10s %12s %9s\n",
         count * sizeof(T), count, P, "pass", "us", "bytes", "GB/s");
-  double one = 0, two = 0;
+  double sum[4] = {0, 0, 0, 0};
   for (const auto& ps : passes) {
     const double us = time_median_us(ps.fn, s, o.warmup, o.iters);
-    (std::strstr(ps.name, "one_shot") || std::strstr(ps.name, "whole") ? one : two) += us;
-    if (std::strstr(ps.name, "whole")) two += us;
+    for (int i = 0; i < 4; ++i)
+      if (ps.in & (1u << i)) sum[i] += us;
     if (rank == 0)
       std::printf("  %-44s %10.1f %12.0f %9.1f\n", ps.name, us, ps.bytes, ps.bytes / us / 1e3);
   }
-  if (rank == 0) std::printf("# serial sums: one_shot %.1f us, two_phase %.1f us\n", one, two);
+  if (rank == 0)
+    std::printf(
+        "# serial sums: all_reduce one_shot %.1f us, two_phase %.1f us; all_gather %.1f us; "
+        "reduce_scatter %.1f us\n",
+        sum[0], sum[1], sum[2], sum[3]);
   comm.sync(s);
   cudaFree(frames);
   cudaFree(pieces);
+  cudaFree(residual);
 }
 
 // ---- one configuration ------------------------------------------------------------------

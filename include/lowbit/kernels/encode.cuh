@@ -24,6 +24,18 @@ namespace detail {
 /// coalesced vector path for a full, 16-byte aligned tile, element by element otherwise.
 /// Values past `valid` are 0.
 template <class T, class Layout>
+__device__ __forceinline__ void row_to_values(const typename warp_tile<T, Layout>::row& r,
+                                              int valid, float (&c)[32]) {
+  LOWBIT_UNROLL
+  for (int i = 0; i < 32; ++i) c[i] = to_float(raw_bits<T>::get(r.w, i));
+  if (valid < 32) {
+    LOWBIT_UNROLL
+    for (int i = 0; i < 32; ++i)
+      if (i >= valid) c[i] = 0.0f;
+  }
+}
+
+template <class T, class Layout>
 __device__ __forceinline__ void load_group_values(const T* tile, std::size_t tile_n, bool vector,
                                                   unsigned char* s, int lane, int valid,
                                                   float (&c)[32]) {
@@ -36,13 +48,7 @@ __device__ __forceinline__ void load_group_values(const T* tile, std::size_t til
   } else {
     tile_t::load_scalar(tile, tile_n, s, lane, r);
   }
-  LOWBIT_UNROLL
-  for (int i = 0; i < 32; ++i) c[i] = to_float(raw_bits<T>::get(r.w, i));
-  if (valid < 32) {
-    LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i)
-      if (i >= valid) c[i] = 0.0f;
-  }
+  row_to_values<T, Layout>(r, valid, c);
 }
 
 /// The lane's feedback state in registers, staged in and out of a state array.
@@ -61,6 +67,16 @@ struct state_rows {
     } else {
       tile_t::load_scalar(tile, tile_n, s, lane, r);
     }
+    from_row(r);
+  }
+  /// The second half of a vector load whose global read was issued earlier.
+  __device__ __forceinline__ void load_staged(const typename tile_t::striped& sv, unsigned char* s,
+                                              int lane) {
+    typename tile_t::row r;
+    tile_t::transpose_in(s, lane, sv, r);
+    from_row(r);
+  }
+  __device__ __forceinline__ void from_row(const typename tile_t::row& r) {
     LOWBIT_UNROLL
     for (int i = 0; i < 32; ++i) v[i] = raw_bits<R>::get(r.w, i);
   }
@@ -125,16 +141,29 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
 
     float c[32];
-    load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
-
     if constexpr (staged::value) {
       state_rows<R, layout> st;
       R* state = staged::state(fb) + tile_first;
-      st.load(state, tile_n, full && state_vector, s, lane);
+      if (full && x_vector && state_vector) {
+        // Both global reads in flight before either transpose waits on one.
+        using x_tile = warp_tile<T, layout>;
+        typename x_tile::striped xv;
+        typename state_rows<R, layout>::tile_t::striped sv;
+        x_tile::load_ro(x + tile_first, lane, xv);
+        state_rows<R, layout>::tile_t::load_rw(state, lane, sv);
+        typename x_tile::row r;
+        x_tile::transpose_in(s, lane, xv, r);
+        row_to_values<T, layout>(r, valid, c);
+        st.load_staged(sv, s, lane);
+      } else {
+        load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
+        st.load(state, tile_n, full && state_vector, s, lane);
+      }
       encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
                                   index0 + first, staged::bind(st.v));
       st.store(state, tile_n, full && state_vector, s, lane);
     } else {
+      load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
       encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
                                   index0 + first, fb.shifted(first));
     }
