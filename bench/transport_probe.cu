@@ -13,30 +13,7 @@
 
 #include <lowbit/comm/mpi_bootstrap.hpp>
 
-namespace {
-
-template <class Fn>
-double median_us(Fn&& fn, cudaStream_t s, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) fn(s);
-  std::vector<cudaEvent_t> ev(iters + 1);
-  for (auto& e : ev) LOWBIT_CUDA_TRY(cudaEventCreate(&e));
-  MPI_Barrier(MPI_COMM_WORLD);
-  LOWBIT_CUDA_TRY(cudaEventRecord(ev[0], s));
-  for (int i = 0; i < iters; ++i) {
-    fn(s);
-    LOWBIT_CUDA_TRY(cudaEventRecord(ev[i + 1], s));
-  }
-  LOWBIT_CUDA_TRY(cudaEventSynchronize(ev[iters]));
-  std::vector<float> t(iters);
-  for (int i = 0; i < iters; ++i) LOWBIT_CUDA_TRY(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::nth_element(t.begin(), t.begin() + iters / 2, t.end());
-  double us = t[iters / 2] * 1e3;
-  MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return us;
-}
-
-}  // namespace
+#include "lowbit_perf/timing.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -73,8 +50,8 @@ int main(int argc, char** argv) {
         LOWBIT_NCCL_TRY(ncclAllGather(recv + rank * b, recv, b, ncclUint8, c, st));
       };
       const int iters = b >= (64u << 20) ? 10 : 20;
-      const double t1 = median_us(sendrecv, s, 3, iters);
-      const double t2 = median_us(allgather, s, 3, iters);
+      const double t1 = lowbit_perf::time_median_us(sendrecv, s, 3, iters);
+      const double t2 = lowbit_perf::time_median_us(allgather, s, 3, iters);
       const double moved = double(b) * (P - 1);
       if (rank == 0)
         std::printf(" %11zu %12.1f %8.2f %12.1f %8.2f %8.2f\n", b, t1, moved / t1 / 1e3, t2,
