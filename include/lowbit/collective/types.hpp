@@ -60,7 +60,8 @@ enum class all_reduce_algorithm {
   two_phase,
   /// All-gather of every rank's whole frame, then every rank decodes and sums all P frames
   /// (the same order on every rank, so the same bits): one quantization and one
-  /// transfer, but each rank sends (P-1) frames of the tensor, P/2 times two_phase's.
+  /// transfer, but each rank sends (P-1) frames of the tensor, P/2 times two_phase's,
+  /// and holds P of them in its workspace.
   one_shot,
 };
 

@@ -25,17 +25,18 @@ struct flat {
 };
 
 /// Cuts every rank's shard into up to `Chunks` pieces (whole blocks); chunk k is piece
-/// k of every shard, reduced as an independent flat collective. On NCCL the stages of
+/// k of every shard (of the whole tensor in a one-shot all_reduce), reduced as an
+/// independent flat collective. On NCCL the stages of
 /// the chunks run on two streams (the caller's for encoding and decoding, an internal
 /// one for the transfers) linked by events only, so that encoding chunk k+1 overlaps
 /// the transfer of chunk k. Each rank's shard stays one contiguous range (what
 /// reduce_scatter returns and all_gather takes). A chunk holds at least
 /// `MinChunkValues` values and each piece at least one block, so smaller tensors use
-/// fewer chunks (a single one is the flat schedule). Measured on 2x H200 at 4 bits:
-/// 4 chunks are 1.2x faster than flat at 1 GiB of fp32, but slower at 256 MiB and
-/// 1.6x slower at 64 MiB, where launches and per-chunk latency dominate; hence the
-/// 2^25-value (128 MiB of fp32) default. The host backend runs the same chunks one
-/// after the other and computes the same bytes.
+/// fewer chunks (a single one is the flat schedule, on the caller's stream alone).
+/// Measured on 2x H200, bf16 4-bit all_reduce at 1 GiB (docs/performance.md): 4 chunks of
+/// >= 2^25 values 2.04x NCCL, 8 and 16 chunks of >= 2^20 values 1.99x and 1.76x (each
+/// chunk adds an NCCL call's latency); below 2^26 values one chunk. The host backend
+/// runs the same chunks one after the other and computes the same bytes.
 template <int Chunks = 4, std::size_t MinChunkValues = (std::size_t{1} << 25)>
 struct pipelined {
   static_assert(Chunks >= 1 && Chunks <= 64,
