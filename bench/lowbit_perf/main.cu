@@ -44,7 +44,7 @@ namespace {
       "  --bits <b>              code width: 1, 2, 4 or 8              [4]\n"
       "  --feedback <f>          none | residual | residual_bf16 | ef21 (all_reduce) [none]\n"
       "  --schedule <s>          default | flat | pipelined | pipelined2/4/8/16 [default]\n"
-      "                          (pipelinedK: K chunks of >= 2^20 values)\n"
+      "                          (pipelinedK: K chunks of >= 2^20 values; no feedback)\n"
       "  --csv <file>            also append the rows as CSV (rank 0)\n"
       "  --regime <label>        link-regime label for the CSV rows     [default]\n"
       "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n"

@@ -389,13 +389,15 @@ using codec_of = lowbit::codec<lowbit::quant::absmax<Bits>, lowbit::round::stoch
 /// schedule::default_schedule), flat, pipelined (pipelined<>), or pipelined<K> with K = 2, 4, 8, 16
 /// chunks of at least 2^20 values
 /// ("pipelined2" ...), for tuning. False for an unknown name.
-template <class Fn>
+/// `tuning` false: only default (= pipelined) and flat, to keep the build short for the
+/// configurations that are not tuned (feedback other than none).
+template <bool tuning = true, class Fn>
 bool with_schedule(const std::string& name, Fn&& fn) {
   using namespace lowbit::schedule;
   constexpr std::size_t small = std::size_t{1} << 20;
   if (name == "flat") return fn(flat{}), true;
-  if (name == "default") return fn(default_schedule{}), true;
-  if (name == "pipelined") return fn(pipelined<>{}), true;
+  if (name == "default" || name == "pipelined") return fn(default_schedule{}), true;
+  if constexpr (!tuning) return false;
   if (name == "pipelined2") return fn(pipelined<2, small>{}), true;
   if (name == "pipelined4") return fn(pipelined<4, small>{}), true;
   if (name == "pipelined8") return fn(pipelined<8, small>{}), true;
@@ -418,12 +420,15 @@ bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     });
   }
   if (o.coll != "all_reduce") return false;
+  if (o.feedback == "none")
+    return with_schedule(o.schedule, [&](auto sched) {
+      run<T, all_reduce<T, C, feedback::none, decltype(sched)>, coll_kind::all_reduce>(o, comm,
+                                                                                       csv);
+    });
   bool known = true;
-  const bool scheduled = with_schedule(o.schedule, [&](auto sched) {
+  const bool scheduled = with_schedule<false>(o.schedule, [&](auto sched) {
     using S = decltype(sched);
-    if (o.feedback == "none")
-      run<T, all_reduce<T, C, feedback::none, S>, coll_kind::all_reduce>(o, comm, csv);
-    else if (o.feedback == "residual")
+    if (o.feedback == "residual")
       run<T, all_reduce<T, C, feedback::residual<float>, S>, coll_kind::all_reduce>(o, comm, csv);
     else if (o.feedback == "residual_bf16")
       run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>, S>, coll_kind::all_reduce>(o, comm,
