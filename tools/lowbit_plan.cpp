@@ -135,17 +135,6 @@ cluster load_cluster(const options& o, const op_graph& g) {
 
 constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
-// lowbit's exceptions start with the throwing header's "file:line: ", which helps a
-// library user debug but is noise on the command line: the rest names the place.
-std::string without_location(const std::string& what) {
-  const auto colon = what.find(':');
-  if (colon == std::string::npos) return what;
-  std::size_t i = colon + 1;
-  while (i < what.size() && what[i] >= '0' && what[i] <= '9') ++i;
-  if (i == colon + 1 || what.compare(i, 2, ": ") != 0) return what;
-  return what.substr(i + 2);
-}
-
 void print_row(const simulator& sim, const std::string& label, const evaluation& e) {
   std::printf("  %-34s %10.2f", label.c_str(), e.iteration_ms());
   for (std::size_t g = 0; g < sim.group_count(); ++g)
@@ -240,7 +229,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lowbit-plan: %s\n(try --help)\n", e.what());
     return 2;
   } catch (const lowbit::invalid_argument& e) {
-    std::fprintf(stderr, "lowbit-plan: bad input: %s\n", without_location(e.what()).c_str());
+    std::fprintf(stderr, "lowbit-plan: bad input: %s\n", e.message().c_str());
     return 2;
   } catch (const nlohmann::json::exception& e) {
     std::fprintf(stderr, "lowbit-plan: bad input: %s\n", e.what());

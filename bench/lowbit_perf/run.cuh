@@ -25,16 +25,6 @@ namespace {
 
 // ---- device helpers ---------------------------------------------------------------------
 
-template <class T>
-ncclDataType_t nccl_type() {
-  if constexpr (std::is_same_v<T, float>)
-    return ncclFloat32;
-  else if constexpr (std::is_same_v<T, __half>)
-    return ncclFloat16;
-  else
-    return ncclBfloat16;
-}
-
 /// Deterministic N(0,1)-like inputs from Philox (sum of two uniforms, centred),
 /// different on each rank.
 template <class T>
@@ -294,12 +284,14 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     };
     const auto nccl_call = [&](cudaStream_t s) {
       if constexpr (Kind == coll_kind::all_reduce) {
-        LOWBIT_NCCL_TRY(ncclAllReduce(in, nccl_out, count, nccl_type<T>(), nop, comm.get(), s));
+        LOWBIT_NCCL_TRY(ncclAllReduce(in, nccl_out, count, lowbit::comm::nccl_data_type<T>(), nop,
+                                      comm.get(), s));
       } else if constexpr (Kind == coll_kind::reduce_scatter) {
-        LOWBIT_NCCL_TRY(ncclReduceScatter(in, nccl_out, shard, nccl_type<T>(), nop, comm.get(), s));
+        LOWBIT_NCCL_TRY(ncclReduceScatter(in, nccl_out, shard, lowbit::comm::nccl_data_type<T>(),
+                                          nop, comm.get(), s));
       } else {
-        LOWBIT_NCCL_TRY(
-            ncclAllGather(in + rank * shard, nccl_out, shard, nccl_type<T>(), comm.get(), s));
+        LOWBIT_NCCL_TRY(ncclAllGather(in + rank * shard, nccl_out, shard,
+                                      lowbit::comm::nccl_data_type<T>(), comm.get(), s));
       }
     };
     const double t_low = time_median_us(lowbit_call, stream, o.warmup, o.iters);

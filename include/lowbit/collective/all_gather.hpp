@@ -27,7 +27,8 @@ class all_gather : public detail::collective_base<Backend, T, feedback::none, Sc
   using typename base::stream_type;
 
   all_gather(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
-      : base(comm, max_count, detail::scatter_gather_options(opts), "lowbit::all_gather") {}
+      : base(comm, max_count, opts, detail::collective_kind::scatter_gather, "lowbit::all_gather") {
+  }
 
   /// This rank's shard of a count-element tensor: what a call reads from `in`.
   schedule::range shard(std::size_t count) const {

@@ -42,7 +42,7 @@ class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule
   /// Allocates workspace and feedback state for counts up to max_count. Throws
   /// lowbit::invalid_argument for an empty or dead communicator.
   all_reduce(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
-      : base(comm, max_count, opts, "lowbit::all_reduce") {}
+      : base(comm, max_count, opts, detail::collective_kind::all_reduce, "lowbit::all_reduce") {}
 
   /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed),
   /// asynchronously on `stream` (NCCL) or before returning (MPI). count 0 is a no-op.
@@ -86,7 +86,8 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
 
   dynamic_all_reduce(const comm_type& comm, std::size_t max_count,
                      const collective_options& opts = {})
-      : base(comm, max_count, opts, "lowbit::dynamic_all_reduce") {}
+      : base(comm, max_count, opts, detail::collective_kind::all_reduce,
+             "lowbit::dynamic_all_reduce") {}
 
   /// True when `bits` is one of the compiled widths.
   static constexpr bool supports(int bits) noexcept { return ((bits == Bits) || ...); }

@@ -11,8 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "lowbit/collective/detail/device_buffer.cuh"
@@ -32,12 +30,6 @@ __global__ void calibration_fill_kernel(T* x, std::size_t n) {
     x[i] = from_float<T>(static_cast<float>(h >> 8) * (1.0f / 16777216.0f) - 0.5f);
   }
 }
-
-template <class C, class = void>
-struct has_reset_feedback : std::false_type {};
-template <class C>
-struct has_reset_feedback<C, std::void_t<decltype(std::declval<C&>().reset_feedback())>>
-    : std::true_type {};
 
 }  // namespace detail
 
@@ -109,7 +101,7 @@ std::size_t calibrate_crossover(Collective& coll, comm::nccl_comm& comm, cudaStr
     crossover = counts[i] * sizeof(T);
   }
   coll.set_step(step);
-  if constexpr (detail::has_reset_feedback<Collective>::value) coll.reset_feedback();
+  coll.reset_feedback();
   coll.set_crossover_bytes(crossover);
   return crossover;
 }

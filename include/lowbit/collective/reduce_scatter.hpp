@@ -28,7 +28,8 @@ class reduce_scatter : public detail::collective_base<Backend, T, Feedback, Sche
   using typename base::stream_type;
 
   reduce_scatter(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
-      : base(comm, max_count, detail::scatter_gather_options(opts), "lowbit::reduce_scatter") {}
+      : base(comm, max_count, opts, detail::collective_kind::scatter_gather,
+             "lowbit::reduce_scatter") {}
 
   /// This rank's shard of a count-element tensor: what a call writes to `out`.
   schedule::range shard(std::size_t count) const {

@@ -9,11 +9,27 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/numeric.hpp"
 
 namespace lowbit::comm {
+
+/// NCCL's name for lowbit's element type T (float, __half or __nv_bfloat16).
+template <class T>
+constexpr ncclDataType_t nccl_data_type() {
+  static_assert(is_element_type_v<T>,
+                "lowbit::comm::nccl_data_type: T must be float, __half or __nv_bfloat16");
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+#if LOWBIT_HAS_CUDA_HALF
+  else if constexpr (std::is_same_v<T, __half>)
+    return ncclFloat16;
+#endif
+  else
+    return ncclBfloat16;
+}
 
 /// Whether an nccl_comm destroys its handle.
 enum class ownership { borrowed, owned };

@@ -20,11 +20,18 @@
 
 namespace lowbit {
 
-/// Base of every exception lowbit throws; `what()` starts with "file:line: ".
+/// Base of every exception lowbit throws; `what()` starts with "file:line: ", which
+/// helps a library user debug; `message()` is the rest, for nesting it in a message that
+/// names another place (a tool's command line, a document's field).
 class error : public std::runtime_error {
  public:
   error(const char* file, int line, const std::string& message)
-      : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + message) {}
+      : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + message),
+        message_(message) {}
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string message_;
 };
 
 /// A CUDA runtime call failed; `code()` is the cudaError_t value as an int.

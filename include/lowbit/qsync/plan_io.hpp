@@ -22,18 +22,6 @@ namespace lowbit::qsync {
 
 namespace detail {
 
-// The message of a lowbit error without its leading "file:line: ", for nesting it in
-// a message that names the place in the document.
-inline std::string message_of(const std::exception& e) {
-  const std::string what = e.what();
-  const auto colon = what.find(':');
-  if (colon == std::string::npos) return what;
-  std::size_t i = colon + 1;
-  while (i < what.size() && what[i] >= '0' && what[i] <= '9') ++i;
-  if (i == colon + 1 || what.compare(i, 2, ": ") != 0) return what;
-  return what.substr(i + 2);
-}
-
 // Runs `f`, prefixing any JSON type error or lowbit error with `where` (once).
 template <class F>
 auto at_place(const std::string& where, F&& f) -> decltype(f()) {
@@ -42,7 +30,7 @@ auto at_place(const std::string& where, F&& f) -> decltype(f()) {
   } catch (const nlohmann::json::exception& e) {
     throw ::lowbit::invalid_argument(__FILE__, __LINE__, where + ": " + e.what());
   } catch (const ::lowbit::invalid_argument& e) {
-    const std::string what = message_of(e);
+    const std::string& what = e.message();  // without the file:line
     if (what.compare(0, where.size(), where) == 0) throw;
     throw ::lowbit::invalid_argument(__FILE__, __LINE__, where + ": " + what);
   }

@@ -1,7 +1,8 @@
 // The device backend: device buffers, the CUDA codec kernels, NCCL moving the frames.
 //
-// Lanes: `compute` is the caller's stream; `comm` is an internal non-blocking stream
-// when the schedule pipelines (the caller's stream otherwise). Lanes are linked by
+// Lanes: `compute` is the caller's stream; `comm` is an internal non-blocking stream of
+// the greatest priority when a call has several chunks (the caller's stream otherwise,
+// and always with schedule::flat). Lanes are linked by
 // events only, so a call never waits on the host and can be captured in a CUDA graph
 // (the internal stream forks from and joins back into the caller's stream).
 #pragma once
@@ -148,20 +149,12 @@ struct backend_impl<backend::nccl> {
   }
 
   // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
-  template <class T>
-  static ncclDataType_t nccl_type() {
-    if constexpr (std::is_same_v<T, float>)
-      return ncclFloat32;
-    else if constexpr (std::is_same_v<T, __half>)
-      return ncclFloat16;
-    else
-      return ncclBfloat16;
-  }
   static ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
 
   template <class T>
   void plain_all_reduce(const T* in, T* out, std::size_t count, reduce_op op, cudaStream_t s) {
-    LOWBIT_NCCL_TRY(ncclAllReduce(in, out, count, nccl_type<T>(), nccl_op(op), comm_->get(), s));
+    LOWBIT_NCCL_TRY(
+        ncclAllReduce(in, out, count, comm::nccl_data_type<T>(), nccl_op(op), comm_->get(), s));
   }
   /// lowbit's uneven block-aligned shards: one ncclReduce per owner, grouped.
   template <class T>
@@ -172,8 +165,8 @@ struct backend_impl<backend::nccl> {
     for (int p = 0; p < P; ++p) {
       const schedule::range sh = schedule::shard(count, block, P, p);
       if (sh.count > 0)
-        LOWBIT_NCCL_TRY(ncclReduce(in + sh.begin, out, sh.count, nccl_type<T>(), nccl_op(op), p,
-                                   comm_->get(), s));
+        LOWBIT_NCCL_TRY(ncclReduce(in + sh.begin, out, sh.count, comm::nccl_data_type<T>(),
+                                   nccl_op(op), p, comm_->get(), s));
     }
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
@@ -186,7 +179,7 @@ struct backend_impl<backend::nccl> {
       const schedule::range sh = schedule::shard(count, block, P, p);
       if (sh.count > 0)
         LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in : out + sh.begin, out + sh.begin, sh.count,
-                                      nccl_type<T>(), p, comm_->get(), s));
+                                      comm::nccl_data_type<T>(), p, comm_->get(), s));
     }
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }

@@ -58,8 +58,8 @@ class collective_base {
 
  protected:
   collective_base(const typename engine_type::comm_type& comm, std::size_t max_count,
-                  const collective_options& opts, const char* who)
-      : engine_(comm, max_count, opts, who) {}
+                  const collective_options& opts, collective_kind kind, const char* who)
+      : engine_(comm, max_count, opts, kind, who) {}
   ~collective_base() = default;
 
   /// The untyped entry points' check: throws lowbit::invalid_argument unless `type` is T's.

@@ -67,25 +67,20 @@ struct capacity {
   std::size_t send = 0, recv = 0, gather = 0, shard = 0;
 };
 
-/// The options of a reduce_scatter or all_gather object: their schedule is the two-phase
-/// algorithm's half, whatever `algorithm` says (it sizes the workspace).
-inline collective_options scatter_gather_options(collective_options o) {
-  o.algorithm = all_reduce_algorithm::two_phase;
-  return o;
-}
+/// What an engine serves: all_reduce (whose algorithm sizes the workspace) or
+/// reduce_scatter / all_gather (two_phase's halves, whatever options().algorithm says).
+enum class collective_kind { all_reduce, scatter_gather };
 
 template <class Codec>
 capacity capacity_of(std::size_t max_count, int ranks, int chunks, bool one_shot) {
   capacity c;
+  const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
+  const std::size_t nblocks = Codec::num_blocks(max_count);
+  const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
   if (one_shot) {  // only P slots of every piece of the whole tensor; sums of whole pieces
-    const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
-    const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
-    c.gather = P * (Codec::num_blocks(max_count) * block_bytes + 32 * K);
+    c.gather = P * (nblocks * block_bytes + 32 * K);
     c.shard = max_count;
   } else {
-    const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
-    const std::size_t nblocks = Codec::num_blocks(max_count);
-    const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
     const std::size_t shard_blocks = (nblocks + P - 1) / P;
     c.send = nblocks * block_bytes + 32 * K * P;
     c.recv = P * ((shard_blocks + K) * block_bytes + 32 * K);
@@ -109,15 +104,16 @@ class engine {
   using stream_type = typename impl::stream_type;
 
   engine(const comm_type& comm, std::size_t max_count, const collective_options& opts,
-         const char* who)
+         collective_kind kind, const char* who)
       : be_(checked(comm, who), Schedule::max_chunks * num_phases, Schedule::streams),
         max_count_(max_count),
         opts_(opts),
         step_(opts.first_step),
         P_(comm.size()),
         rank_(comm.rank()),
-        one_shot_(opts.algorithm == all_reduce_algorithm::one_shot ||
-                  (opts.algorithm == all_reduce_algorithm::automatic && P_ == 2)) {
+        one_shot_(kind == collective_kind::all_reduce &&
+                  (opts.algorithm == all_reduce_algorithm::one_shot ||
+                   (opts.algorithm == all_reduce_algorithm::automatic && P_ == 2))) {
     std::size_t send = 0, recv = 0, gather = 0, shard = 0;
     const capacity caps[] = {
         capacity_of<Codecs>(max_count, P_, Schedule::max_chunks, one_shot_)...};
@@ -133,7 +129,9 @@ class engine {
     gather_ = buffer<std::byte>(gather);
     if constexpr (impl::needs_sum_scratch) acc_ = buffer<float>(shard);
     if constexpr (Feedback::replicated) tmp_ = buffer<float>(max_count);
-    state_ = feedback::state<Feedback, buffer>(max_count, shard);
+    // Only two_phase's all_reduce re-encodes, so only it keeps a second-stage residual.
+    const bool reencodes = kind == collective_kind::all_reduce && !one_shot_;
+    state_ = feedback::state<Feedback, buffer>(max_count, reencodes ? shard : 0);
     const std::size_t slots = static_cast<std::size_t>(Schedule::max_chunks) * P_;
     send_bytes_.assign(slots, 0);
     send_off_.assign(slots, 0);
@@ -197,7 +195,7 @@ class engine {
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
     const rng_key key1{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 1};
-    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const float scale = output_scale();
     const schedule::range mine = my_shard<Codec>(count);
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
@@ -244,7 +242,7 @@ class engine {
     const std::size_t B = Codec::block_size;
     const int K = plan_one_shot<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
-    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const float scale = output_scale();
     const schedule::range all{0, count};
     const auto fb = state_.worker_ref();
     be_.begin(stream, K > 1);
@@ -289,7 +287,7 @@ class engine {
     }
     const int K = plan<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
-    const float scale = opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+    const float scale = output_scale();
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
     encode_pieces<Codec>(in, count, K, key0);
@@ -362,6 +360,11 @@ class engine {
   }
 
   static int event(int k, phase ph) { return k * num_phases + static_cast<int>(ph); }
+
+  /// What the decoded sum is multiplied by: 1/P for avg.
+  float output_scale() const {
+    return opts_.op == reduce_op::avg ? 1.0f / static_cast<float>(P_) : 1.0f;
+  }
 
   /// Preconditions of every call; throws before any byte moves. `in_count` and
   /// `out_count` are the elements read from `in` and written to `out`.
