@@ -49,7 +49,8 @@ namespace {
       "  --regime <label>        link-regime label for the CSV rows     [default]\n"
       "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n"
       "  --algo <a>              all_reduce: automatic | two_phase | one_shot [automatic]\n"
-      "  --breakdown             all_reduce: time each pass alone at the largest size\n");
+      "  --breakdown             all_reduce: time each pass alone at the largest size\n"
+      "  --transport <t>         automatic | nccl | nccl_symmetric | peer_stores [automatic]\n");
   std::exit(code);
 }
 
@@ -95,6 +96,8 @@ options parse(int argc, char** argv) {
       o.algorithm = next();
     else if (a == "--breakdown")
       o.breakdown = true;
+    else if (a == "--transport")
+      o.transport = next();
     else if (a == "-h" || a == "--help")
       usage(0);
     else {
@@ -104,10 +107,13 @@ options parse(int argc, char** argv) {
   }
   if (o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.min_bytes == 0 ||
       o.max_bytes < o.min_bytes ||
-      (o.algorithm != "automatic" && o.algorithm != "two_phase" && o.algorithm != "one_shot")) {
+      (o.algorithm != "automatic" && o.algorithm != "two_phase" && o.algorithm != "one_shot") ||
+      (o.transport != "automatic" && o.transport != "nccl" && o.transport != "nccl_symmetric" &&
+       o.transport != "peer_stores")) {
     std::fprintf(stderr,
                  "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --algo "
-                 "automatic|two_phase|one_shot\n");
+                 "automatic|two_phase|one_shot, --transport automatic|nccl|nccl_symmetric|"
+                 "peer_stores\n");
     std::exit(2);
   }
   return o;
@@ -148,7 +154,7 @@ int main(int argc, char** argv) {
       std::fprintf(csv,
                    "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,"
                    "lowbit_busbw,nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong,"
-                   "algorithm\n");
+                   "algorithm,transport\n");
     }
     bool ok = false;
     if (o.dtype == "float")

@@ -114,10 +114,20 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   const int P = comm.size();
   const std::size_t shard = lowbit::schedule::shard(count, Codec::block_size, P, 0).count;
   const std::size_t F = Codec::frame_bytes(count), f = Codec::frame_bytes(shard);
-  std::byte *frames, *pieces;
+  // The frames move as the collectives move them (--transport).
+  const bool symmetric = o.transport != "nccl" && P > 1;
+  lowbit::detail::window_buffer frame_buf(comm.get(), F * P, symmetric),
+      piece_buf(comm.get(), f * (P + 1), symmetric);
+  lowbit::detail::lsa_transport lsa;
+  if (symmetric && o.transport == "peer_stores") lsa = lowbit::detail::lsa_transport(comm.get());
+  std::byte *frames = frame_buf.data(), *pieces = piece_buf.data();
+  const auto all_gather = [&](const lowbit::detail::window_buffer& buf, std::size_t slot,
+                              cudaStream_t st) {
+    if (lsa.enabled()) return lsa.allgather(buf, 0, slot, st);
+    LOWBIT_NCCL_TRY(ncclAllGather(buf.data() + comm.rank() * slot, buf.data(), slot, ncclUint8,
+                                  comm.get(), st));
+  };
   __nv_bfloat16* residual;
-  LOWBIT_CUDA_TRY(cudaMalloc(&frames, F * P));
-  LOWBIT_CUDA_TRY(cudaMalloc(&pieces, f * (P + 1)));
   LOWBIT_CUDA_TRY(cudaMalloc(&residual, count * sizeof(__nv_bfloat16)));
   LOWBIT_CUDA_TRY(cudaMemsetAsync(residual, 0, count * sizeof(__nv_bfloat16), s));
   const lowbit::rng_key key{1, 2, 3, 0};
@@ -152,9 +162,7 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
                           lowbit::feedback::residual_ref<__nv_bfloat16>{residual}, st);
        }},
       {"all-gather frames (one_shot)", one_shot, double(F) * (P - 1),
-       [&](cudaStream_t st) {
-         LOWBIT_NCCL_TRY(ncclAllGather(frames + rank * F, frames, F, ncclUint8, c, st));
-       }},
+       [&](cudaStream_t st) { all_gather(frame_buf, F, st); }},
       {"decode-sum P frames (one_shot)", one_shot, double(F) * P + count * t,
        [&](cudaStream_t st) { k::decode_accumulate<Codec>(frames, F, P, count, out, 1.0f, st); }},
       {"send/recv shard frames (two_phase, r_s)", two_phase | scatter, double(f) * (P - 1),
@@ -165,9 +173,7 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
                                                    lowbit::feedback::none_ref{}, out, 1.0f, st);
        }},
       {"all-gather shard frames (two_phase, a_g)", two_phase | gather, double(f) * (P - 1),
-       [&](cudaStream_t st) {
-         LOWBIT_NCCL_TRY(ncclAllGather(pieces + rank * f, pieces, f, ncclUint8, c, st));
-       }},
+       [&](cudaStream_t st) { all_gather(piece_buf, f, st); }},
       {"decode (P-1) shards (two_phase)", two_phase, (double(f) + shard * t) * (P - 1),
        [&](cudaStream_t st) {
          for (int p = 1; p < P; ++p) k::decode<Codec>(pieces, shard, out + p * shard, 1.0f, st);
@@ -193,9 +199,13 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   }
   if (rank == 0)
     std::printf(
-        "# breakdown at %zu bytes (%zu values, %d ranks): each pass alone\n"
+        "# breakdown at %zu bytes (%zu values, %d ranks, all-gathers by %s): each pass alone\n"
         "# %-44s %10s %12s %9s\n",
-        count * sizeof(T), count, P, "pass", "us", "bytes", "GB/s");
+        count * sizeof(T), count, P,
+        lsa.enabled() ? "peer stores"
+        : symmetric   ? "NCCL, symmetric windows"
+                      : "NCCL",
+        "pass", "us", "bytes", "GB/s");
   double sum[4] = {0, 0, 0, 0};
   for (const auto& ps : passes) {
     const double us = time_median_us(ps.fn, s, o.warmup, o.iters);
@@ -210,8 +220,6 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
         "reduce_scatter %.1f us\n",
         sum[0], sum[1], sum[2], sum[3]);
   comm.sync(s);
-  cudaFree(frames);
-  cudaFree(pieces);
   cudaFree(residual);
 }
 
@@ -230,6 +238,10 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   copts.algorithm = o.algorithm == "one_shot"    ? lowbit::all_reduce_algorithm::one_shot
                     : o.algorithm == "two_phase" ? lowbit::all_reduce_algorithm::two_phase
                                                  : lowbit::all_reduce_algorithm::automatic;
+  copts.transport = o.transport == "nccl"             ? lowbit::frame_transport::nccl
+                    : o.transport == "nccl_symmetric" ? lowbit::frame_transport::nccl_symmetric
+                    : o.transport == "peer_stores"    ? lowbit::frame_transport::peer_stores
+                                                      : lowbit::frame_transport::automatic;
   Collective coll(comm, max_count, copts);
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -254,10 +266,10 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   if (rank == 0) {
     std::printf(
         "# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
-        "  crossover %zu B%s  algorithm %s\n",
+        "  crossover %zu B%s  algorithm %s  transport %s\n",
         o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
         o.schedule.c_str(), P, coll.crossover_bytes(), o.crossover == "auto" ? " (calibrated)" : "",
-        algorithm_name(coll));
+        algorithm_name(coll), lowbit::to_string(coll.transport()));
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
@@ -356,11 +368,11 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       if (csv)
         std::fprintf(csv,
                      "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld,"
-                     "%s\n",
+                     "%s,%s\n",
                      o.regime.c_str(), o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits,
                      o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus,
                      t_nccl, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong,
-                     algorithm_name(coll));
+                     algorithm_name(coll), lowbit::to_string(coll.transport()));
     }
   }
   comm.sync(stream);

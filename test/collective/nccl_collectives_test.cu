@@ -101,15 +101,25 @@ const comm::mpi_comm& host_comm() {
 /// The same all_reduce, step after step, on the device and on the host backend.
 template <class T, class C, class F, class S>
 void check_host_device(std::size_t count, int steps, std::uint64_t salt,
-                       all_reduce_algorithm algo = all_reduce_algorithm::automatic) {
+                       all_reduce_algorithm algo = all_reduce_algorithm::automatic,
+                       frame_transport transport = frame_transport::automatic) {
   INFO("count " << count << ", " << C::bits << " bits, " << F::name << ", " << S::name << ", "
-                << to_string(algo));
+                << to_string(algo) << ", " << to_string(transport));
   const inputs<T> in(input_kind::normal, count, salt);
   collective_options o;
   o.seed = shared_seed() ^ salt;
   o.op = reduce_op::avg;
   o.algorithm = algo;
+  o.transport = transport;
   lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
+  // automatic is nccl_symmetric; peer_stores may fall back to it where peers cannot
+  // be mapped.
+  if (transport == frame_transport::automatic)
+    CHECK(dev.transport() == frame_transport::nccl_symmetric);
+  if (transport == frame_transport::nccl) CHECK(dev.transport() == frame_transport::nccl);
+  if (transport == frame_transport::peer_stores)
+    CHECK((dev.transport() == frame_transport::peer_stores ||
+           dev.transport() == frame_transport::nccl_symmetric));
   lowbit::all_reduce<T, C, F, S, backend::mpi> host(host_comm(), count, o);
   dvec<T> din(in.mine()), dout(count);
   std::vector<T> a(count), b(count);
@@ -145,14 +155,57 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
     check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
         count, 3, 8, two);
     check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 9, two);
+    // Every transport moves the same bytes (automatic, nccl_symmetric, ran above).
+    for (const auto tr : {frame_transport::nccl, frame_transport::peer_stores}) {
+      const auto one = all_reduce_algorithm::one_shot;
+      check_host_device<float, C4s, feedback::none, schedule::pipelined<4, 1>>(count, 2, 10, one,
+                                                                               tr);
+      check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
+          count, 2, 11, two, tr);
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter and all_gather match the host backend on every transport") {
+  using C = codec<quant::absmax<4, 128>, round::stochastic>;
+  const std::size_t count = (std::size_t(1) << 20) + 4099;
+  const inputs<float> in(input_kind::normal, count, 12);
+  for (const auto tr : {frame_transport::automatic, frame_transport::nccl,
+                        frame_transport::nccl_symmetric, frame_transport::peer_stores}) {
+    INFO(to_string(tr));
+    collective_options o;
+    o.seed = shared_seed();
+    o.transport = tr;
+    lowbit::reduce_scatter<float, C, feedback::none, schedule::pipelined<4, 1>, backend::nccl> rs(
+        *g_comm, count, o);
+    lowbit::reduce_scatter<float, C, feedback::none, schedule::pipelined<4, 1>, backend::mpi>
+        rs_host(host_comm(), count, o);
+    lowbit::all_gather<float, C, schedule::pipelined<4, 1>, backend::nccl> ag(*g_comm, count, o);
+    lowbit::all_gather<float, C, schedule::pipelined<4, 1>, backend::mpi> ag_host(host_comm(),
+                                                                                  count, o);
+    std::vector<float> a(count), b(count);
+    dvec<float> din(in.mine()), dout(count);
+    rs(din.p, dout.p, count, g_stream);
+    g_comm->sync(g_stream);
+    dout.to(a);
+    rs_host(in.mine().data(), b.data(), count);
+    const std::size_t shard = rs.shard(count).count;
+    CHECK(std::memcmp(a.data(), b.data(), shard * sizeof(float)) == 0);
+    ag(din.p, dout.p, count, g_stream);
+    g_comm->sync(g_stream);
+    dout.to(a);
+    ag_host(in.mine().data(), b.data(), count);
+    CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
   }
 }
 
 template <class S>
-void check_graph(std::size_t count) {
+void check_graph(std::size_t count, frame_transport transport = frame_transport::automatic) {
   using C = codec<quant::absmax<4, 128>, round::stochastic>;
   const inputs<float> in(input_kind::normal, count, 77);
-  lowbit::all_reduce<float, C, feedback::none, S, backend::nccl> reduce(*g_comm, count);
+  collective_options o;
+  o.transport = transport;
+  lowbit::all_reduce<float, C, feedback::none, S, backend::nccl> reduce(*g_comm, count, o);
   dvec<float> din(in.mine()), dout(count);
   std::vector<float> eager(count), replay(count);
   reduce(din.p, dout.p, count, g_stream);  // step 0, eagerly
@@ -182,6 +235,8 @@ void check_graph(std::size_t count) {
 TEST_CASE("a call captured in a CUDA graph replays the eager result") {
   check_graph<schedule::flat>(100003);
   check_graph<schedule::pipelined<4, 1>>(1 << 20);
+  check_graph<schedule::pipelined<4, 1>>(1 << 20, frame_transport::nccl);
+  check_graph<schedule::pipelined<4, 1>>(1 << 20, frame_transport::peer_stores);
 }
 
 TEST_CASE("below the crossover each collective is the plain NCCL collective, bit for bit") {

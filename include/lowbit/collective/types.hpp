@@ -65,6 +65,44 @@ enum class all_reduce_algorithm {
   one_shot,
 };
 
+/// How the NCCL backend moves frames between GPUs (the MPI backend ignores it).
+/// Measured on 2x H200 over NVLink (docs/performance.md): nccl_symmetric is the fastest
+/// all_reduce where the codec's kernels are the bottleneck (bf16 at 4 bits: 2.43x NCCL
+/// at 1 GiB, against 2.06x for nccl and 2.23x for peer_stores), peer_stores where the
+/// transfer is (bf16 at 8 bits: 1.55x against 1.40x).
+enum class frame_transport {
+  /// nccl_symmetric.
+  automatic,
+  /// NCCL collectives on cudaMalloc workspace. The only choice that keeps construction
+  /// local (no collective registration).
+  nccl,
+  /// NCCL collectives on workspace from ncclMemAlloc registered as a symmetric window
+  /// (NCCL >= 2.27). NCCL then moves the frames with its symmetric-memory paths, which
+  /// leave the SMs to the codec kernels running beside the transfer.
+  nccl_symmetric,
+  /// nccl_symmetric, with every all-gather a kernel that stores this rank's frames into
+  /// the peers' windows over NVLink (NCCL's device API, >= 2.28): faster alone (359
+  /// against 283 GB/s per rank at 256 MiB) but it takes SMs from the codec. Used where
+  /// every rank is load/store accessible; nccl_symmetric elsewhere (PCIe without P2P,
+  /// sockets).
+  peer_stores,
+};
+
+/// Name of a frame_transport, for messages.
+inline const char* to_string(frame_transport t) {
+  switch (t) {
+    case frame_transport::automatic:
+      return "automatic";
+    case frame_transport::nccl:
+      return "nccl";
+    case frame_transport::nccl_symmetric:
+      return "nccl_symmetric";
+    case frame_transport::peer_stores:
+      return "peer_stores";
+  }
+  return "?";
+}
+
 /// Name of an all_reduce_algorithm, for messages.
 inline const char* to_string(all_reduce_algorithm a) {
   switch (a) {
@@ -92,6 +130,10 @@ struct collective_options {
   /// all_reduce's algorithm (fixed per object: it sizes the workspace). Second-stage
   /// error feedback (feedback::residual<R, true>) acts on two_phase's re-encoding only.
   all_reduce_algorithm algorithm = all_reduce_algorithm::automatic;
+  /// How the NCCL backend moves frames (fixed per object). Every choice but `nccl`
+  /// registers the workspace with the communicator, which makes construction and
+  /// destruction collective; choose `nccl` where NCCL cannot register windows.
+  frame_transport transport = frame_transport::automatic;
 };
 
 /// Backend tags: where the buffers live and what moves them.

@@ -104,10 +104,17 @@ struct encode_traits {
                                          ? static_cast<int>(sizeof(state_type))
                                          : static_cast<int>(sizeof(T));
   static constexpr int warps = launch_policy::max_threads / 32;
+  /// With staged feedback a lane holds its state beside the values and codes: left
+  /// alone, ptxas used 145 registers, one 8-warp CTA fit an SM, and the bf16 residual
+  /// encode of 2^29 values took 2114 us. Two CTAs per SM cap it at 128 registers (a
+  /// 60-byte spill): 1560 us (fp32 residual, 2^28 values: 962 -> 798 us). Three would
+  /// cap it at 80 and spill 2.5 KB.
+  static constexpr int min_blocks = staged::value ? 2 : 1;
 };
 
 template <class Codec, class T, class Feedback>
-__global__ void __launch_bounds__(launch_policy::max_threads)
+__global__ void __launch_bounds__(launch_policy::max_threads,
+                                  encode_traits<Codec, T, Feedback>::min_blocks)
     encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
                   rng_key key, std::uint64_t index0, Feedback fb, bool x_vector,
                   bool state_vector) {

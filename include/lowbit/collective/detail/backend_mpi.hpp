@@ -22,6 +22,7 @@ struct backend_impl<backend::mpi> {
   struct stream_type {};
   template <class U>
   using buffer = host_buffer<U>;
+  using transfer_buffer = host_buffer<std::byte>;
   /// The host executor sums a shard's frames in an fp32 scratch array.
   static constexpr bool needs_sum_scratch = true;
   /// No plain fallback: the host backend always runs the codec (it is the reference).
@@ -35,6 +36,10 @@ struct backend_impl<backend::mpi> {
         rd_(sc_.size()) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  /// MPI moves plain host memory: there is nothing to register or choose.
+  void set_transport(frame_transport) {}
+  static frame_transport transport() noexcept { return frame_transport::automatic; }
+  static transfer_buffer make_transfer_buffer(std::size_t bytes) { return transfer_buffer(bytes); }
   static void check_sizes(std::size_t send, std::size_t recv, std::size_t gather) {
     LOWBIT_EXPECTS(send <= INT_MAX && recv <= INT_MAX && gather <= INT_MAX,
                    "lowbit (mpi backend): max_count too large: MPI counts are int, a frame "
@@ -106,8 +111,8 @@ struct backend_impl<backend::mpi> {
   }
 
   /// In place: slot `rank` of buf is this rank's contribution.
-  void allgather(lane, std::byte* buf, std::size_t slot_bytes) {
-    LOWBIT_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf,
+  void allgather(lane, transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes) {
+    LOWBIT_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data() + offset,
                                  static_cast<int>(slot_bytes), MPI_BYTE, comm_->get()));
   }
 

@@ -16,6 +16,8 @@
 
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/engine.hpp"
+#include "lowbit/collective/detail/lsa_transport.cuh"
+#include "lowbit/collective/detail/window_buffer.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
@@ -41,6 +43,8 @@ struct backend_impl<backend::nccl> {
   using stream_type = cudaStream_t;
   template <class U>
   using buffer = device_buffer<U>;
+  /// The frames NCCL moves: a symmetric NCCL window when asked (see window_buffer).
+  using transfer_buffer = window_buffer;
   /// The reduce kernels keep the fp32 sum in registers.
   static constexpr bool needs_sum_scratch = false;
   /// Below the crossover a call runs the plain NCCL collective (plain_* below).
@@ -58,6 +62,22 @@ struct backend_impl<backend::nccl> {
   }
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  /// Chooses how frames move; before any make_transfer_buffer. Collective over the
+  /// communicator unless `t` is frame_transport::nccl (device-communicator creation).
+  void set_transport(frame_transport t) {
+    symmetric_ = LOWBIT_HAS_NCCL_WINDOWS && t != frame_transport::nccl && comm_->size() > 1;
+    if (symmetric_ && t == frame_transport::peer_stores) lsa_ = lsa_transport(comm_->get());
+  }
+  /// The transport in use: peer_stores only where every peer is load/store accessible.
+  frame_transport transport() const noexcept {
+    return lsa_.enabled() ? frame_transport::peer_stores
+           : symmetric_   ? frame_transport::nccl_symmetric
+                          : frame_transport::nccl;
+  }
+  /// Collective over the communicator with a symmetric transport (window registration).
+  transfer_buffer make_transfer_buffer(std::size_t bytes) const {
+    return window_buffer(comm_->get(), bytes, symmetric_);
+  }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
 
@@ -141,10 +161,13 @@ struct backend_impl<backend::nccl> {
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
 
-  /// In place: slot `rank` of buf is this rank's contribution.
-  void allgather(lane l, std::byte* buf, std::size_t slot_bytes) {
+  /// In place: P slots of slot_bytes at `offset` of buf; slot `rank` is this rank's.
+  void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes) {
     if (comm_->size() == 1) return;
-    LOWBIT_NCCL_TRY(ncclAllGather(buf + static_cast<std::size_t>(comm_->rank()) * slot_bytes, buf,
+    if (lsa_.enabled() && buf.symmetric())
+      return lsa_.allgather(buf, offset, slot_bytes, stream(l));
+    std::byte* base = buf.data() + offset;
+    LOWBIT_NCCL_TRY(ncclAllGather(base + static_cast<std::size_t>(comm_->rank()) * slot_bytes, base,
                                   slot_bytes, ncclUint8, comm_->get(), stream(l)));
   }
 
@@ -192,6 +215,8 @@ struct backend_impl<backend::nccl> {
   const comm_type* comm_;
   cudaStream_t caller_ = nullptr;
   bool overlap_ = false;
+  bool symmetric_ = false;  ///< transfer buffers are symmetric NCCL windows
+  lsa_transport lsa_;       ///< enabled: all-gathers are peer stores
   unique_stream side_;
   std::vector<unique_event> events_;
 };

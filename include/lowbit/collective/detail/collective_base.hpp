@@ -52,6 +52,9 @@ class collective_base {
   std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
   void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   const collective_options& options() const noexcept { return engine_.options(); }
+  /// How frames move between GPUs (options().transport resolved for this communicator;
+  /// automatic on the MPI backend).
+  frame_transport transport() const noexcept { return engine_.transport(); }
   /// Zeroes the feedback state (not stream-ordered: call with no call in flight); a
   /// no-op without feedback.
   void reset_feedback() { engine_.feedback_state().reset(); }

@@ -124,9 +124,10 @@ class engine {
       shard = std::max(shard, c.shard);
     }
     impl::check_sizes(send, recv, gather);
-    send_ = buffer<std::byte>(send);
-    recv_ = buffer<std::byte>(recv);
-    gather_ = buffer<std::byte>(gather);
+    be_.set_transport(opts.transport);
+    send_ = be_.make_transfer_buffer(send);
+    recv_ = be_.make_transfer_buffer(recv);
+    gather_ = be_.make_transfer_buffer(gather);
     if constexpr (impl::needs_sum_scratch) acc_ = buffer<float>(shard);
     if constexpr (Feedback::replicated) tmp_ = buffer<float>(max_count);
     // Only two_phase's all_reduce re-encodes, so only it keeps a second-stage residual.
@@ -155,6 +156,8 @@ class engine {
     return one_shot_ ? all_reduce_algorithm::one_shot : all_reduce_algorithm::two_phase;
   }
   int rank() const noexcept { return rank_; }
+  /// How the backend moves frames (automatic resolved; automatic on the MPI backend).
+  frame_transport transport() const noexcept { return be_.transport(); }
   std::uint32_t step() const noexcept { return step_; }
   void set_step(std::uint32_t s) noexcept { step_ = s; }
   const collective_options& options() const noexcept { return opts_; }
@@ -469,8 +472,7 @@ class engine {
   void gather(int K, phase ready) {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, ready));
-      if (gather_slot_[k] > 0)
-        be_.allgather(lane::comm, gather_.data() + gather_off_[k], gather_slot_[k]);
+      if (gather_slot_[k] > 0) be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k]);
       be_.signal(lane::comm, event(k, phase::gathered));
     }
   }
@@ -481,7 +483,7 @@ class engine {
   std::uint32_t step_;
   int P_, rank_;
   bool one_shot_;
-  buffer<std::byte> send_, recv_, gather_;
+  typename impl::transfer_buffer send_, recv_, gather_;  ///< what the backend moves
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;
   std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_;
