@@ -49,10 +49,18 @@ __device__ __forceinline__ void decode_group(const std::byte* frame, std::size_t
   Codec::dequantize_group(codes, m, y);
 }
 
+/// CTAs per SM the decode kernel is compiled for. With 2-byte outputs ptxas used 79 (bf16)
+/// and 95 (fp16) registers, so 3 and 2 of the policy's 4 CTAs fit an SM; capped at 64 they
+/// all fit, spill-free: 2^29 values from bf16 frames, decode 421 -> 361 us, decode-sum of
+/// 2 frames 632 -> 482 us. With fp32 outputs the cap spills and the sum slowed (398 ->
+/// 434 us for 2^28 values), so fp32 keeps what ptxas chooses.
+template <class T>
+inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 1;
+
 /// Decodes a frame, or (sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
 /// apart, from 0.0f in frame order as the host's decode_accumulate does; then scales.
 template <class Codec, class T>
-__global__ void __launch_bounds__(launch_policy::max_threads)
+__global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<T>)
     decode_kernel(const std::byte* __restrict__ frame, std::size_t frame_stride, int num_frames,
                   bool sum, std::size_t count, T* __restrict__ out, float scale, bool out_vector) {
   using layout = lane_layout<1>;  // decoding needs no block reduction: a lane per group
