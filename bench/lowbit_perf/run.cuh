@@ -119,7 +119,11 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   lowbit::detail::window_buffer frame_buf(comm.get(), F * P, symmetric),
       piece_buf(comm.get(), f * (P + 1), symmetric);
   lowbit::detail::lsa_transport lsa;
-  if (symmetric && o.transport == "peer_stores") lsa = lowbit::detail::lsa_transport(comm.get());
+  using nccl_backend = lowbit::detail::backend_impl<lowbit::backend::nccl>;
+  if (symmetric &&
+      (o.transport == "peer_stores" ||
+       (o.transport == "automatic" && Codec::bits >= nccl_backend::peer_store_min_bits)))
+    lsa = lowbit::detail::lsa_transport(comm.get());
   std::byte *frames = frame_buf.data(), *pieces = piece_buf.data();
   const auto all_gather = [&](const lowbit::detail::window_buffer& buf, std::size_t slot,
                               cudaStream_t st) {

@@ -112,12 +112,13 @@ void check_host_device(std::size_t count, int steps, std::uint64_t salt,
   o.algorithm = algo;
   o.transport = transport;
   lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
-  // automatic is nccl_symmetric; peer_stores may fall back to it where peers cannot
-  // be mapped.
-  if (transport == frame_transport::automatic)
+  // automatic is peer_stores from 8 bits, nccl_symmetric below; peer_stores falls back to
+  // nccl_symmetric where the peers cannot be mapped.
+  if (transport == frame_transport::automatic && C::bits < 8)
     CHECK(dev.transport() == frame_transport::nccl_symmetric);
   if (transport == frame_transport::nccl) CHECK(dev.transport() == frame_transport::nccl);
-  if (transport == frame_transport::peer_stores)
+  if (transport == frame_transport::peer_stores ||
+      (transport == frame_transport::automatic && C::bits >= 8))
     CHECK((dev.transport() == frame_transport::peer_stores ||
            dev.transport() == frame_transport::nccl_symmetric));
   lowbit::all_reduce<T, C, F, S, backend::mpi> host(host_comm(), count, o);
@@ -155,7 +156,8 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
     check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
         count, 3, 8, two);
     check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 9, two);
-    // Every transport moves the same bytes (automatic, nccl_symmetric, ran above).
+    // Every transport moves the same bytes (automatic ran above: nccl_symmetric at 2 and
+    // 4 bits, peer_stores at 8).
     for (const auto tr : {frame_transport::nccl, frame_transport::peer_stores}) {
       const auto one = all_reduce_algorithm::one_shot;
       check_host_device<float, C4s, feedback::none, schedule::pipelined<4, 1>>(count, 2, 10, one,

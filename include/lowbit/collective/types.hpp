@@ -71,7 +71,8 @@ enum class all_reduce_algorithm {
 /// at 1 GiB, against 2.06x for nccl and 2.23x for peer_stores), peer_stores where the
 /// transfer is (bf16 at 8 bits: 1.55x against 1.40x).
 enum class frame_transport {
-  /// nccl_symmetric.
+  /// peer_stores for frames of codes of 8 bits or more (there the transfer is the
+  /// bottleneck), nccl_symmetric for narrower codes.
   automatic,
   /// NCCL collectives on cudaMalloc workspace. The only choice that keeps construction
   /// local (no collective registration).
@@ -82,7 +83,7 @@ enum class frame_transport {
   nccl_symmetric,
   /// nccl_symmetric, with every all-gather a kernel that stores this rank's frames into
   /// the peers' windows over NVLink (NCCL's device API, >= 2.28): faster alone (359
-  /// against 283 GB/s per rank at 256 MiB) but it takes SMs from the codec. Used where
+  /// against 321 GB/s per rank at 256 MiB) but it takes SMs from the codec. Used where
   /// every rank is load/store accessible; nccl_symmetric elsewhere (PCIe without P2P,
   /// sockets).
   peer_stores,

@@ -37,7 +37,7 @@ struct backend_impl<backend::mpi> {
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
   /// MPI moves plain host memory: there is nothing to register or choose.
-  void set_transport(frame_transport) {}
+  void set_transport(frame_transport, int /*widest_bits*/) {}
   static frame_transport transport() noexcept { return frame_transport::automatic; }
   static transfer_buffer make_transfer_buffer(std::size_t bytes) { return transfer_buffer(bytes); }
   static void check_sizes(std::size_t send, std::size_t recv, std::size_t gather) {
@@ -111,7 +111,8 @@ struct backend_impl<backend::mpi> {
   }
 
   /// In place: slot `rank` of buf is this rank's contribution.
-  void allgather(lane, transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes) {
+  void allgather(lane, transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
+                 int /*bits*/) {
     LOWBIT_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data() + offset,
                                  static_cast<int>(slot_bytes), MPI_BYTE, comm_->get()));
   }

@@ -62,13 +62,23 @@ struct backend_impl<backend::nccl> {
   }
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
-  /// Chooses how frames move; before any make_transfer_buffer. Collective over the
-  /// communicator unless `t` is frame_transport::nccl (device-communicator creation).
-  void set_transport(frame_transport t) {
+  /// frame_transport::automatic's choice: all-gathers of codes this wide are peer stores.
+  /// Their frames make the transfer the bottleneck, where the peer-store kernel's speed
+  /// pays for the SMs it takes: bf16 8-bit all_reduce 1.56-1.61x NCCL at 256 MiB-1 GiB
+  /// against 1.39-1.44x for NCCL on the same windows; at 4 bits the codec is the
+  /// bottleneck and NCCL's SM-free transfer won (bf16 2.35-2.46x against 2.06-2.23x).
+  static constexpr int peer_store_min_bits = 8;
+  /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
+  /// `widest_bits` bits. Collective over the communicator unless `t` is
+  /// frame_transport::nccl (window registration, device-communicator creation).
+  void set_transport(frame_transport t, int widest_bits) {
     symmetric_ = LOWBIT_HAS_NCCL_WINDOWS && t != frame_transport::nccl && comm_->size() > 1;
-    if (symmetric_ && t == frame_transport::peer_stores) lsa_ = lsa_transport(comm_->get());
+    min_store_bits_ = t == frame_transport::peer_stores ? 0 : peer_store_min_bits;
+    if (symmetric_ && t != frame_transport::nccl_symmetric && widest_bits >= min_store_bits_)
+      lsa_ = lsa_transport(comm_->get());
   }
-  /// The transport in use: peer_stores only where every peer is load/store accessible.
+  /// The transport the widest codes use: peer_stores only where every peer is load/store
+  /// accessible.
   frame_transport transport() const noexcept {
     return lsa_.enabled() ? frame_transport::peer_stores
            : symmetric_   ? frame_transport::nccl_symmetric
@@ -161,10 +171,12 @@ struct backend_impl<backend::nccl> {
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
 
-  /// In place: P slots of slot_bytes at `offset` of buf; slot `rank` is this rank's.
-  void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes) {
+  /// In place: P slots of slot_bytes at `offset` of buf; slot `rank` is this rank's;
+  /// the frames hold `bits`-bit codes.
+  void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
+                 int bits) {
     if (comm_->size() == 1) return;
-    if (lsa_.enabled() && buf.symmetric())
+    if (lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_)
       return lsa_.allgather(buf, offset, slot_bytes, stream(l));
     std::byte* base = buf.data() + offset;
     LOWBIT_NCCL_TRY(ncclAllGather(base + static_cast<std::size_t>(comm_->rank()) * slot_bytes, base,
@@ -215,8 +227,9 @@ struct backend_impl<backend::nccl> {
   const comm_type* comm_;
   cudaStream_t caller_ = nullptr;
   bool overlap_ = false;
-  bool symmetric_ = false;  ///< transfer buffers are symmetric NCCL windows
-  lsa_transport lsa_;       ///< enabled: all-gathers are peer stores
+  bool symmetric_ = false;                    ///< transfer buffers are symmetric NCCL windows
+  int min_store_bits_ = peer_store_min_bits;  ///< peer stores for codes at least this wide
+  lsa_transport lsa_;                         ///< enabled: such all-gathers are peer stores
   unique_stream side_;
   std::vector<unique_event> events_;
 };

@@ -124,7 +124,7 @@ class engine {
       shard = std::max(shard, c.shard);
     }
     impl::check_sizes(send, recv, gather);
-    be_.set_transport(opts.transport);
+    be_.set_transport(opts.transport, std::max({Codecs::bits...}));
     send_ = be_.make_transfer_buffer(send);
     recv_ = be_.make_transfer_buffer(recv);
     gather_ = be_.make_transfer_buffer(gather);
@@ -218,7 +218,7 @@ class engine {
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced);
+    gather(K, phase::reduced, Codec::bits);
     for (int k = 0; k < K; ++k) {  // 5: decode the reduced frames (mine is done, but EF21's)
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
@@ -256,7 +256,7 @@ class engine {
                                  pc.begin, fb.shifted(pc.begin));
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced);
+    gather(K, phase::reduced, Codec::bits);
     for (int k = 0; k < K; ++k) {  // 3: sum the P frames of piece k
       be_.wait(lane::compute, event(k, phase::gathered));
       const schedule::range pc = schedule::piece(all, B, K, k);
@@ -341,7 +341,7 @@ class engine {
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced);
+    gather(K, phase::reduced, Codec::bits);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
@@ -469,10 +469,11 @@ class engine {
   }
 
   /// Phase 4: in-place all-gather of every chunk's slots, once `ready` is signalled.
-  void gather(int K, phase ready) {
+  void gather(int K, phase ready, int bits) {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, ready));
-      if (gather_slot_[k] > 0) be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k]);
+      if (gather_slot_[k] > 0)
+        be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k], bits);
       be_.signal(lane::comm, event(k, phase::gathered));
     }
   }
