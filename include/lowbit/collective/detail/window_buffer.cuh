@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 #include "lowbit/core/error.hpp"
@@ -33,12 +34,14 @@ class window_buffer {
     if (symmetric) {
       LOWBIT_NCCL_TRY(ncclMemAlloc(reinterpret_cast<void**>(&data_), bytes));
       comm_ = comm;
-      try {
-        LOWBIT_NCCL_TRY(
-            ncclCommWindowRegister(comm, data_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC));
-      } catch (...) {
+      const ncclResult_t r =
+          ncclCommWindowRegister(comm, data_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
+      if (r != ncclSuccess && r != ncclInProgress) {
         release();
-        throw;
+        throw nccl_error(__FILE__, __LINE__, static_cast<int>(r),
+                         std::string("ncclCommWindowRegister failed: ") + ncclGetErrorString(r) +
+                             " (collective_options::transport = frame_transport::nccl keeps "
+                             "the workspace unregistered)");
       }
     }
 #else
