@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "collective_test_util.hpp"
@@ -461,6 +463,32 @@ TEST_CASE("dynamic_all_reduce: a run-time width gives the same bytes as the stat
   same_as(2, absmax_nearest<2>{});
   std::vector<float> x(count);
   CHECK_THROWS_AS(harness::call_dynamic(dyn, in.mine(), x, count, 3), lowbit::invalid_argument);
+}
+
+TEST_CASE("the frame transport changes how frames move, never the bytes") {
+  const std::size_t count = 70001;
+  const inputs<float> in(input_kind::normal, count, 901);
+  std::vector<float> first(count), out(count);
+  for (const auto t : {frame_transport::automatic, frame_transport::nccl,
+                       frame_transport::nccl_symmetric, frame_transport::peer_stores}) {
+    INFO(to_string(t));
+    collective_options o;
+    o.seed = shared_seed() + 901;
+    o.transport = t;
+    ar<float, C4n, feedback::none, schedule::pipelined<3, 1>> reduce(harness::comm(), count, o);
+    CHECK(reduce.options().transport == t);
+    if constexpr (std::is_same_v<B, backend::mpi>)
+      CHECK(reduce.transport() == frame_transport::automatic);  // MPI has one transport
+    else
+      CHECK(reduce.transport() != frame_transport::automatic);  // resolved at construction
+    harness::call(reduce, in.mine(), out, count);
+    if (t == frame_transport::automatic)
+      first = out;
+    else
+      CHECK(std::memcmp(first.data(), out.data(), count * sizeof(float)) == 0);
+  }
+  CHECK(std::string(to_string(frame_transport::nccl_symmetric)) == "nccl_symmetric");
+  CHECK(std::string(to_string(frame_transport::peer_stores)) == "peer_stores");
 }
 
 TEST_CASE("bad input throws lowbit::invalid_argument before any byte is sent") {
