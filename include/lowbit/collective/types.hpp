@@ -78,8 +78,8 @@ enum class frame_transport {
   /// local (no collective registration).
   nccl,
   /// NCCL collectives on workspace from ncclMemAlloc registered as a symmetric window
-  /// (NCCL >= 2.27). NCCL then moves the frames with its symmetric-memory paths, which
-  /// leave the SMs to the codec kernels running beside the transfer.
+  /// (NCCL >= 2.27), where NCCL moves the frames with its symmetric-memory paths:
+  /// faster alone, and less in the way of the codec kernels running beside them.
   nccl_symmetric,
   /// nccl_symmetric, with every all-gather a kernel that stores this rank's frames into
   /// the peers' windows over NVLink (NCCL's device API, >= 2.28): faster alone (359

@@ -66,7 +66,8 @@ struct backend_impl<backend::nccl> {
   /// Their frames make the transfer the bottleneck, where the peer-store kernel's speed
   /// pays for the SMs it takes: bf16 8-bit all_reduce 1.56-1.61x NCCL at 256 MiB-1 GiB
   /// against 1.39-1.44x for NCCL on the same windows; at 4 bits the codec is the
-  /// bottleneck and NCCL's SM-free transfer won (bf16 2.35-2.46x against 2.06-2.23x).
+  /// bottleneck and NCCL's transfer, lighter on the SMs, won (bf16 2.35-2.46x against
+  /// 2.06-2.23x).
   static constexpr int peer_store_min_bits = 8;
   /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
   /// `widest_bits` bits. Collective over the communicator unless `t` is
