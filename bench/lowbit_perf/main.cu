@@ -54,8 +54,18 @@ namespace {
   std::exit(code);
 }
 
+/// The frame_transport whose name (lowbit::to_string) is `name`; false for none.
+bool parse_transport(const std::string& name, lowbit::frame_transport& out) {
+  using lowbit::frame_transport;
+  for (const auto t : {frame_transport::automatic, frame_transport::nccl,
+                       frame_transport::nccl_symmetric, frame_transport::peer_stores})
+    if (name == lowbit::to_string(t)) return out = t, true;
+  return false;
+}
+
 options parse(int argc, char** argv) {
   options o;
+  bool transport_ok = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -97,7 +107,7 @@ options parse(int argc, char** argv) {
     else if (a == "--breakdown")
       o.breakdown = true;
     else if (a == "--transport")
-      o.transport = next();
+      transport_ok = parse_transport(next(), o.transport);
     else if (a == "-h" || a == "--help")
       usage(0);
     else {
@@ -108,8 +118,7 @@ options parse(int argc, char** argv) {
   if (o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.min_bytes == 0 ||
       o.max_bytes < o.min_bytes ||
       (o.algorithm != "automatic" && o.algorithm != "two_phase" && o.algorithm != "one_shot") ||
-      (o.transport != "automatic" && o.transport != "nccl" && o.transport != "nccl_symmetric" &&
-       o.transport != "peer_stores")) {
+      !transport_ok) {
     std::fprintf(stderr,
                  "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --algo "
                  "automatic|two_phase|one_shot, --transport automatic|nccl|nccl_symmetric|"

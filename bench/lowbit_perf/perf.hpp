@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include <lowbit/collective/types.hpp>
 #include <lowbit/comm/nccl_comm.hpp>
 
 namespace lowbit_perf {
@@ -24,8 +25,8 @@ struct options {
   std::string crossover = "0";          ///< bytes below which calls go to plain NCCL, or "auto"
   std::string algorithm = "automatic";  ///< all_reduce: automatic, two_phase or one_shot
   int bits = 4;
-  bool breakdown = false;               ///< all_reduce: time each pass alone at the largest size
-  std::string transport = "automatic";  ///< automatic, nccl, nccl_symmetric, peer_stores
+  bool breakdown = false;  ///< all_reduce: time each pass alone at the largest size
+  lowbit::frame_transport transport = lowbit::frame_transport::automatic;
 };
 
 /// "64M" -> 67108864: a size with an optional K/M/G (binary) suffix.

@@ -114,22 +114,18 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   const int P = comm.size();
   const std::size_t shard = lowbit::schedule::shard(count, Codec::block_size, P, 0).count;
   const std::size_t F = Codec::frame_bytes(count), f = Codec::frame_bytes(shard);
-  // The frames move as the collectives move them (--transport).
-  const bool symmetric = o.transport != "nccl" && P > 1;
-  lowbit::detail::window_buffer frame_buf(comm.get(), F * P, symmetric),
-      piece_buf(comm.get(), f * (P + 1), symmetric);
-  lowbit::detail::lsa_transport lsa;
-  using nccl_backend = lowbit::detail::backend_impl<lowbit::backend::nccl>;
-  if (symmetric &&
-      (o.transport == "peer_stores" ||
-       (o.transport == "automatic" && Codec::bits >= nccl_backend::peer_store_min_bits)))
-    lsa = lowbit::detail::lsa_transport(comm.get());
+  // The frames live and move as the collectives' do: the NCCL backend's own transport
+  // (--transport), one lane, no internal streams.
+  using lowbit::detail::lane;
+  lowbit::detail::backend_impl<lowbit::backend::nccl> be(comm, 0, 1);
+  be.set_transport(o.transport, Codec::bits);
+  auto frame_buf = be.make_transfer_buffer(F * P), piece_buf = be.make_transfer_buffer(f * (P + 1));
   std::byte *frames = frame_buf.data(), *pieces = piece_buf.data();
   const auto all_gather = [&](const lowbit::detail::window_buffer& buf, std::size_t slot,
                               cudaStream_t st) {
-    if (lsa.enabled()) return lsa.allgather(buf, 0, slot, st);
-    LOWBIT_NCCL_TRY(ncclAllGather(buf.data() + comm.rank() * slot, buf.data(), slot, ncclUint8,
-                                  comm.get(), st));
+    be.begin(st, false);
+    be.allgather(lane::comm, buf, 0, slot, Codec::bits);
+    be.end();
   };
   __nv_bfloat16* residual;
   LOWBIT_CUDA_TRY(cudaMalloc(&residual, count * sizeof(__nv_bfloat16)));
@@ -205,11 +201,8 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
     std::printf(
         "# breakdown at %zu bytes (%zu values, %d ranks, all-gathers by %s): each pass alone\n"
         "# %-44s %10s %12s %9s\n",
-        count * sizeof(T), count, P,
-        lsa.enabled() ? "peer stores"
-        : symmetric   ? "NCCL, symmetric windows"
-                      : "NCCL",
-        "pass", "us", "bytes", "GB/s");
+        count * sizeof(T), count, P, lowbit::to_string(be.transport()), "pass", "us", "bytes",
+        "GB/s");
   double sum[4] = {0, 0, 0, 0};
   for (const auto& ps : passes) {
     const double us = time_median_us(ps.fn, s, o.warmup, o.iters);
@@ -242,10 +235,7 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   copts.algorithm = o.algorithm == "one_shot"    ? lowbit::all_reduce_algorithm::one_shot
                     : o.algorithm == "two_phase" ? lowbit::all_reduce_algorithm::two_phase
                                                  : lowbit::all_reduce_algorithm::automatic;
-  copts.transport = o.transport == "nccl"             ? lowbit::frame_transport::nccl
-                    : o.transport == "nccl_symmetric" ? lowbit::frame_transport::nccl_symmetric
-                    : o.transport == "peer_stores"    ? lowbit::frame_transport::peer_stores
-                                                      : lowbit::frame_transport::automatic;
+  copts.transport = o.transport;
   Collective coll(comm, max_count, copts);
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(Threads)
 class lsa_transport {
  public:
   lsa_transport() = default;
-  explicit lsa_transport(ncclComm_t comm) {
+  /// `ctas`: CTAs of the push kernel, one LSA barrier each (default_ctas()).
+  explicit lsa_transport(ncclComm_t comm, int ctas = default_ctas()) {
 #if LOWBIT_HAS_NCCL_LSA
     int P = 0, rank = 0;
     LOWBIT_NCCL_TRY(ncclCommCount(comm, &P));
@@ -89,7 +90,7 @@ class lsa_transport {
     // Slot r belongs to comm rank r, so the LSA team must be the whole communicator in
     // rank order. Every rank sees the same team, so every rank decides alike.
     if (P < 2 || lsa.nRanks != P || lsa.rank != rank) return;
-    ctas_ = default_ctas();
+    ctas_ = ctas;
     ncclDevCommRequirements reqs{};
     reqs.lsaBarrierCount = ctas_;
     // The LSA team counts the node's ranks even where NCCL may not map peer memory
@@ -98,7 +99,7 @@ class lsa_transport {
     if (ncclDevCommCreate(comm, &reqs, &dev_) != ncclSuccess) return;
     comm_ = comm;
 #else
-    (void)comm;
+    (void)comm, (void)ctas;
 #endif
   }
   lsa_transport(const lsa_transport&) = delete;
@@ -112,6 +113,15 @@ class lsa_transport {
     return *this;
   }
   ~lsa_transport() { release(); }
+
+  /// LOWBIT_PEER_STORE_CTAS (a tuning knob, 1..1024, the same on every rank), else 64:
+  /// 64 CTAs moved 335 GB/s alone; in the pipeline 32 and 64 were close, 16 and 132
+  /// slower (docs/performance.md).
+  static int default_ctas() {
+    const char* env = std::getenv("LOWBIT_PEER_STORE_CTAS");
+    const int n = env != nullptr ? std::atoi(env) : 0;
+    return n >= 1 && n <= 1024 ? n : 64;
+  }
 
   /// True when allgather() may be used.
   bool enabled() const noexcept { return comm_ != nullptr; }
@@ -129,13 +139,6 @@ class lsa_transport {
   }
 
  private:
-  /// CTAs of the push kernel, one LSA barrier each: LOWBIT_PEER_STORE_CTAS (a tuning
-  /// knob, 1..1024, the same on every rank), else 64.
-  static int default_ctas() {
-    const char* env = std::getenv("LOWBIT_PEER_STORE_CTAS");
-    const int n = env != nullptr ? std::atoi(env) : 0;
-    return n >= 1 && n <= 1024 ? n : 64;
-  }
   void swap(lsa_transport& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(ctas_, o.ctas_);
