@@ -85,3 +85,81 @@ TEST_CASE("rounding policies on exact values") {
   REQUIRE(round::stochastic::apply(2.0f, 0) == 2.0f);            // integers never move
   REQUIRE(round::stochastic::apply(-0.75f, 0xffff) == -1.0f);
 }
+
+TEST_CASE("stochastic rounding rounds t up to a multiple of 2^-16 first") {
+  const float t = 2.25f + std::ldexp(1.0f, -20);  // c mod 2^16 = 0x4001
+  REQUIRE(round::stochastic::apply(t, 0x4000) == 3.0f);
+  REQUIRE(round::stochastic::apply(t, 0x4001) == 2.0f);
+  REQUIRE(round::stochastic::apply(-std::ldexp(1.0f, -30), 0xffff) == 0.0f);  // c = 0
+  REQUIRE(round::stochastic::apply(std::ldexp(1.0f, -30), 0) == 1.0f);        // c = 1
+  REQUIRE(round::stochastic::apply(std::ldexp(1.0f, -30), 1) == 0.0f);
+}
+
+TEST_CASE("to_grid clamps, shifts by exactly 1/2 and returns the index on the grid") {
+  // p = -2^-30 with shift -1/2: nearest rounds fadd(p, -1/2) = -1/2, a tie, to 0 (index
+  // 8); stochastic takes p + shift + 8 = 7.5 - 2^-30 up to 7.5 and rounds up for half
+  // of the noise values.
+  const float p = -std::ldexp(1.0f, -30);
+  REQUIRE(round::to_grid<round::nearest, -8, 7>(p, -0.5f, 0) == 8u);
+  REQUIRE(round::to_grid<round::stochastic, -8, 7>(p, -0.5f, 0x7fff) == 8u);
+  REQUIRE(round::to_grid<round::stochastic, -8, 7>(p, -0.5f, 0x8000) == 7u);
+  REQUIRE(round::to_grid<round::stochastic, -8, 7>(100.0f, -0.5f, 0) == 15u);
+  REQUIRE(round::to_grid<round::stochastic, -8, 7>(-100.0f, -0.5f, 0) == 0u);
+  REQUIRE(round::to_grid<round::stochastic, -8, 7>(std::nanf(""), -0.5f, 0) == 0u);
+  REQUIRE(round::to_grid<round::nearest, 0, 255>(254.5f, 0.0f, 0) == 254u);
+  REQUIRE(round::to_grid<round::stochastic, 0, 65535>(70000.0f, 0.0f, 0) == 65535u);
+}
+
+// The encode kernel computes stochastic::index with index_small (an upward-rounded
+// addition); the host with exact integer arithmetic. The host's fadd_ru emulates the
+// device instruction, so this checks the device formula on the host.
+template <int Lo, int Hi>
+void check_small_index(float shift) {
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const float lo = static_cast<float>(Lo) - shift, hi = static_cast<float>(Hi) - shift;
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint64_t r = next();
+    float p;
+    switch (i % 4) {
+      case 0:  // anywhere on the grid
+        p = lo + (hi - lo) * static_cast<float>(r >> 40) / 16777216.0f;
+        break;
+      case 1:  // tiny values of either sign, down to subnormals
+        p = std::ldexp(static_cast<float>(r >> 40) / 16777216.0f, -static_cast<int>(r % 149)) *
+            ((r >> 8) & 1 ? -1.0f : 1.0f);
+        break;
+      case 2:  // next to a multiple of 2^-16 or a bound
+        p = std::nextafter(
+            std::ldexp(std::round(std::ldexp(
+                           lo + (hi - lo) * static_cast<float>(r >> 40) / 16777216.0f, 16)),
+                       -16),
+            (r >> 9) & 1 ? HUGE_VALF : -HUGE_VALF);
+        break;
+      default:  // outside the grid
+        p = (r >> 9) & 1 ? hi + static_cast<float>(r % 1000) : lo - static_cast<float>(r % 1000);
+    }
+    const auto noise = static_cast<std::uint32_t>(r & 0xffff);
+    const float t = std::min(std::max(p, lo), hi);
+    INFO("p " << p << " shift " << shift << " noise " << noise);
+    REQUIRE(round::stochastic::index_small<Lo>(t, shift, noise) ==
+            round::stochastic::index<Lo, Hi>(p, shift, noise));
+  }
+}
+
+TEST_CASE("the device's stochastic index equals the exact one") {
+  check_small_index<-8, 7>(-0.5f);
+  check_small_index<-7, 7>(0.0f);
+  check_small_index<-2, 1>(-0.5f);
+  check_small_index<-1, 0>(-0.5f);
+  check_small_index<0, 63>(0.0f);
+  check_small_index<-32, 31>(-0.5f);
+  check_small_index<-64, 63>(-0.5f);
+  check_small_index<0, 127>(0.0f);
+  check_small_index<-63, 63>(0.0f);
+}

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "lowbit/codec/block_stats.hpp"
+#include "lowbit/codec/rounding.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/float_ops.hpp"
 
@@ -52,6 +53,7 @@ struct absmax {
   static constexpr int block_size = Block;
   static constexpr bool zero_grid = std::is_same_v<Grid, grid::zero> && Bits >= 2;
   static constexpr const char* name = "absmax";
+  static constexpr bool symmetric = true;  ///< make_meta reads absmax() and poisoned()
 
   /// What travels in the frame for each block.
   struct meta_type {
@@ -81,11 +83,11 @@ struct absmax {
   /// The code of x; `noise` feeds stochastic rounding.
   template <class Rounding>
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
-    float t = p.scale(x, p.meta.step);
-    if constexpr (!zero_grid) t = detail::fsub(t, 0.5f);
-    // Clamping before rounding equals clamping after it (the bounds are integers).
-    t = detail::clamp_f(t, static_cast<float>(qmin), static_cast<float>(qmax));
-    return static_cast<std::uint32_t>(detail::int_of(Rounding::apply(t, noise)) + half_levels);
+    // Level q sits at (q + 1/2) * step on the full grid and at q * step on the zero
+    // grid. Clamping before rounding equals clamping after it (the bounds are integers).
+    constexpr float shift = zero_grid ? 0.0f : -0.5f;
+    return round::to_grid<Rounding, qmin, qmax>(p.scale(x, p.meta.step), shift, noise) +
+           static_cast<std::uint32_t>(qmin + half_levels);
   }
 
   /// The value code stands for.

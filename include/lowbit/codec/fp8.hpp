@@ -40,6 +40,7 @@ struct fp8 {
   static constexpr int bits = 8;
   static constexpr int block_size = Block;
   static constexpr const char* name = Format::exp_bits == 4 ? "fp8e4m3" : "fp8e5m2";
+  static constexpr bool symmetric = true;  ///< make_meta reads absmax() and poisoned()
 
   struct meta_type {
     float scale;  ///< value = fp8(code) * scale; nan when poisoned

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "lowbit/codec/block_stats.hpp"
+#include "lowbit/codec/rounding.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/float_ops.hpp"
 
@@ -50,8 +51,7 @@ struct minmax {
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     const float d = detail::fsub(x, p.meta.min);
     const float t = p.scale(d, p.meta.step);
-    const float q = Rounding::apply(detail::clamp_f(t, 0.0f, static_cast<float>(max_code)), noise);
-    return static_cast<std::uint32_t>(detail::int_of(q));
+    return round::to_grid<Rounding, 0, max_code>(t, 0.0f, noise);
   }
 
   LOWBIT_HD static float dequantize(std::uint32_t code, const meta_type& m) {

@@ -8,7 +8,9 @@
 //   uint32_t    quantize(float x, const params_type&, uint32_t noise16);
 //   float       dequantize(uint32_t code, const meta_type&);
 //   float       step(const meta_type&);               // grid spacing, for error bounds
-// and the constants `is_lowbit_quantizer`, `bits`, `block_size`, `name`.
+// and the constants `is_lowbit_quantizer`, `bits`, `block_size`, `name`; optionally
+// `symmetric = true` when make_meta reads the stats only through absmax() and
+// poisoned(), which lets the encode kernel take one instruction a value for them.
 #pragma once
 
 #include <type_traits>
@@ -27,5 +29,14 @@ struct is_quantizer<Q, std::enable_if_t<Q::is_lowbit_quantizer>> : std::true_typ
 /// True when Q models lowbit's quantizer concept.
 template <class Q>
 inline constexpr bool is_quantizer_v = is_quantizer<Q>::value;
+
+template <class Q, class = void>
+struct is_symmetric : std::false_type {};
+template <class Q>
+struct is_symmetric<Q, std::enable_if_t<Q::symmetric>> : std::true_type {};
+/// True when Q declares `symmetric = true`: its make_meta reads absmax() and poisoned()
+/// of the block stats, never min or max alone.
+template <class Q>
+inline constexpr bool is_symmetric_v = is_symmetric<Q>::value;
 
 }  // namespace lowbit::quant

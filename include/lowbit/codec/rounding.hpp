@@ -1,10 +1,21 @@
 // Rounding policies: how a real-valued position on a quantizer's grid becomes an
-// integer. Quantizers call `Rounding::apply(t, noise)` and nothing else, with t already
-// clamped to their code range (|t| <= 2^22), and get an integer-valued float back.
+// integer.
+//
+// A policy R provides, all LOWBIT_HD and static:
+//   float apply(float t, uint32_t noise16);   // t rounded to an integer-valued float,
+//                                             // for |t| <= 2^22
+//   template <int Lo, int Hi>
+//   uint32_t index(float p, float shift, uint32_t noise16);
+//                        // p + shift clamped to [Lo, Hi] and rounded, minus Lo
+// and the constants `needs_noise` and `name`. Quantizers call round::to_grid, which
+// uses R::index when R has one and builds it from R::apply otherwise: `index` exists so
+// that a policy can fuse the clamp, the rounding and the conversion to a code into a
+// few instructions of the encode kernel's inner loop.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/float_ops.hpp"
@@ -16,22 +27,98 @@ struct nearest {
   static constexpr bool needs_noise = false;
   static constexpr const char* name = "nearest";
   LOWBIT_HD static float apply(float t, std::uint32_t /*noise16*/) { return detail::rint_even(t); }
+
+  /// fadd(p, shift) clamped to [Lo, Hi], rounded to nearest even, minus Lo. The sum with
+  /// round_magic that rounds t already holds the integer in its low bits: reading them
+  /// there saves rint_even's subtraction and int_of's second addition.
+  template <int Lo, int Hi>
+  LOWBIT_HD static std::uint32_t index(float p, float shift, std::uint32_t /*noise16*/) {
+    static_assert(-(1 << 22) <= Lo && Lo < Hi && Hi <= (1 << 22),
+                  "lowbit::round::nearest: the grid must lie in [-2^22, 2^22]");
+    const float t = detail::clamp_f(shift != 0.0f ? detail::fadd(p, shift) : p,
+                                    static_cast<float>(Lo), static_cast<float>(Hi));
+    return detail::float_bits(detail::fadd(t, detail::round_magic)) -
+           (detail::round_magic_bits + static_cast<std::uint32_t>(Lo));
+  }
 };
 
-/// Stochastic rounding: up with probability equal to the fractional part, so the
-/// expected value is t (unbiased to within 2^-16 of a step: the noise has 16 bits).
-/// The noise comes from Philox keyed by (seed, step, rank, element index).
+/// Stochastic rounding with 16 bits of noise: t is first rounded up to a multiple of
+/// 2^-16, c = ceil(2^16 t); the result is floor(c / 2^16), plus one when the noise is
+/// below the 16-bit fraction c mod 2^16. The expected value is c / 2^16, within 2^-16 of
+/// a step above t; integers never move. The noise comes from Philox keyed by (seed,
+/// step, rank, element index).
 struct stochastic {
   static constexpr bool needs_noise = true;
   static constexpr const char* name = "stochastic";
+
   LOWBIT_HD static float apply(float t, std::uint32_t noise16) {
-    const float base = detail::floor_f(t);
-    const float frac = detail::fsub(t, base);  // exact
-    // u = noise16 / 2^16 exactly: the noise as the mantissa of a float in [1, 2).
-    const float u = detail::fsub(detail::bits_float(0x3f800000u | (noise16 << 7)), 1.0f);
-    return u < frac ? detail::fadd(base, 1.0f) : base;
+    // 2^16 t is exact (a power-of-two scaling), and so is its ceiling.
+    const auto c = static_cast<std::int64_t>(detail::ceil_f(detail::fmul(t, 65536.0f)));
+    const std::int64_t up = static_cast<std::int64_t>(noise16) < (c & 0xffff) ? 1 : 0;
+    return static_cast<float>((c >> 16) + up);  // >> floors: c is two's complement
+  }
+
+  /// p + shift (shift a multiple of 1/2, |shift| <= 1; the sum taken exactly) clamped to
+  /// [Lo, Hi] and rounded as `apply` rounds, minus Lo.
+  template <int Lo, int Hi>
+  LOWBIT_HD static std::uint32_t index(float p, float shift, std::uint32_t noise16) {
+    static_assert(-(1 << 15) <= Lo && Lo < Hi && Hi <= (1 << 16),
+                  "lowbit::round::stochastic: the grid must lie in [-2^15, 2^16]");
+    const float t =
+        detail::clamp_f(p, static_cast<float>(Lo) - shift, static_cast<float>(Hi) - shift);
+#if LOWBIT_DEVICE_PASS
+    if constexpr (Hi - Lo <= 128) {
+      return index_small<Lo>(t, shift, noise16);
+    } else if constexpr (-(1 << 14) < Lo && Hi < (1 << 14)) {
+      // |2^16 t| < 2^31, exact: one conversion rounding up gives ceil(2^16 t) as an int;
+      // c, modulo 2^32, is then below 2^31.
+      const auto offset = static_cast<std::uint32_t>(
+          static_cast<std::int64_t>(detail::fmul(shift, 65536.0f)) - std::int64_t{Lo} * 65536);
+      const auto c = static_cast<std::uint32_t>(__float2int_ru(detail::fmul(t, 65536.0f))) + offset;
+      return (c + (0xffffu - noise16)) >> 16;
+    }
+#endif
+    // c = ceil(2^16 (t + shift - Lo)) >= 0; the carry of c + (2^16 - 1 - noise) into
+    // bit 16 is the round-up.
+    const std::int64_t c = static_cast<std::int64_t>(detail::ceil_f(detail::fmul(t, 65536.0f))) +
+                           static_cast<std::int64_t>(
+                               detail::fmul(detail::fsub(shift, static_cast<float>(Lo)), 65536.0f));
+    return static_cast<std::uint32_t>((c + 0xffff - static_cast<std::int64_t>(noise16)) >> 16);
+  }
+
+  /// `index` for a clamped t and a grid of at most 128 steps, in four instructions:
+  /// floats in [128, 256] are exactly the multiples of 2^-16, so adding
+  /// 128 + shift - Lo rounding upwards gives 128 + c / 2^16, and the float's bits minus
+  /// 128's are c. The encode kernel runs this; the tests check it against the exact path.
+  template <int Lo>
+  LOWBIT_HD static std::uint32_t index_small(float t, float shift, std::uint32_t noise16) {
+    constexpr float base = 128.0f;
+    constexpr std::uint32_t base_bits = 0x43000000u;
+    const float s = detail::fadd_ru(t, detail::fsub(base + shift, static_cast<float>(Lo)));
+    return (detail::float_bits(s) - base_bits + (0xffffu - noise16)) >> 16;
   }
 };
+
+namespace detail {
+template <class R, class = void>
+struct has_index : std::false_type {};
+template <class R>
+struct has_index<R, std::void_t<decltype(R::template index<0, 1>(0.0f, 0.0f, 0u))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// The code of position p on the integer grid [Lo, Hi]: p + shift clamped to [Lo, Hi],
+/// rounded by R, minus Lo (so in [0, Hi - Lo]). What the integer quantizers call.
+template <class R, int Lo, int Hi>
+LOWBIT_HD std::uint32_t to_grid(float p, float shift, std::uint32_t noise16) {
+  if constexpr (detail::has_index<R>::value) {
+    return R::template index<Lo, Hi>(p, shift, noise16);
+  } else {  // a user policy with `apply` alone
+    const float t = lowbit::detail::clamp_f(shift != 0.0f ? lowbit::detail::fadd(p, shift) : p,
+                                            static_cast<float>(Lo), static_cast<float>(Hi));
+    return static_cast<std::uint32_t>(lowbit::detail::int_of(R::apply(t, noise16)) - Lo);
+  }
+}
 
 /// True for lowbit's rounding policies (a user policy specialises this).
 template <class R>

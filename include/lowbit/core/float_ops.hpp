@@ -98,6 +98,30 @@ LOWBIT_HD float fdiv(float a, float b) {
 inline constexpr float round_magic = 12582912.0f;
 inline constexpr std::uint32_t round_magic_bits = 0x4b400000u;
 
+/// a + b rounded towards +infinity. The host has no per-instruction rounding mode:
+/// it takes the round-to-nearest sum and its exact error (Knuth's TwoSum, exact for
+/// finite sums without overflow) and steps one float up when the error is positive.
+LOWBIT_HD float fadd_ru(float a, float b) {
+#if LOWBIT_DEVICE_PASS
+  return __fadd_ru(a, b);
+#else
+  const float s = pin(a + b);
+  const float bv = pin(s - a);
+  const float av = pin(s - bv);
+  const float err = pin(pin(a - av) + pin(b - bv));
+  return err > 0.0f ? std::nextafter(s, HUGE_VALF) : s;
+#endif
+}
+
+/// The smallest integer-valued float >= x (exact).
+LOWBIT_HD float ceil_f(float x) {
+#if LOWBIT_DEVICE_PASS
+  return ceilf(x);
+#else
+  return std::ceil(x);
+#endif
+}
+
 /// Round to the nearest integer, ties to even, for |x| <= 2^22 (the float result).
 LOWBIT_HD float rint_even(float x) { return fsub(fadd(x, round_magic), round_magic); }
 

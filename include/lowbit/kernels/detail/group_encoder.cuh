@@ -39,53 +39,93 @@ __device__ __forceinline__ void quantize_all(const float (&c)[32],
   Codec::quantize_group(c, 32, p, key, index, codes);
 }
 
-/// Exact statistics of a lane's quantizer block: bit for bit what the host's left fold
-/// of block_stats::add over the block computes.
-///
-/// Fast path, 3 instructions a value: fminf/fmaxf and a NaN sentinel (x * 0 is NaN
-/// exactly for inf and nan). For a block free of inf/nan whose min and max are nonzero,
-/// these are the host's values with the host's bits (equal nonzero floats have equal
-/// bits). Otherwise (a poisoned block, or a zero extreme, where the host's +0/-0 depends
-/// on element order) the warp recomputes with block_stats itself and an ordered merge.
+/// The block statistics by the host's own code: block_stats::add over the lane's
+/// values, then an ordered merge across the block's lanes. Bit for bit the host's left
+/// fold, whatever the values; the fast paths below fall back to it.
 template <class Layout>
+__device__ __forceinline__ quant::block_stats exact_block_statistics(const float (&c)[32],
+                                                                     int valid, int lane) {
+  quant::block_stats stats;
+  LOWBIT_UNROLL
+  for (int i = 0; i < 32; ++i)
+    if (i < valid) stats.add(c[i]);
+  return reduce_block_stats<Layout::lanes_per_block>(stats, lane);
+}
+
+/// max(a, b) that returns nan when either is nan (fmaxf returns the other operand).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
+
+/// Exact statistics of a lane's quantizer block: bit for bit what the host's left fold
+/// of block_stats::add over the block computes, as far as the quantizer reads them.
+///
+/// A symmetric quantizer (quant::is_symmetric_v: it reads only absmax() and poisoned())
+/// takes one instruction a value, a NaN-propagating max of |x| (inf and nan both end
+/// above every finite value). Others take three: fminf/fmaxf and a NaN sentinel (x * 0
+/// is NaN exactly for inf and nan). For a block free of inf/nan whose extremes are
+/// nonzero, these are the host's values with the host's bits (equal nonzero floats have
+/// equal bits). Otherwise (a poisoned block, or a zero extreme, where the host's +0/-0
+/// depends on element order) the warp recomputes with block_stats itself.
+template <class Quantizer, class Layout>
 __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[32], int valid,
                                                                int lane) {
-  float mn = FLT_MAX, mx = -FLT_MAX, sentinel = 0.0f;
-  if (valid == 32) {
+  if constexpr (quant::is_symmetric_v<Quantizer>) {
+    float amax = 0.0f;  // the values past `valid` are 0 and leave it alone
     LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i) {
-      mn = fminf(mn, c[i]);
-      mx = fmaxf(mx, c[i]);
-      sentinel = fmaf(c[i], 0.0f, sentinel);
+    for (int i = 0; i < 32; ++i) amax = max_nan(amax, fabsf(c[i]));
+    LOWBIT_UNROLL
+    for (int d = 1; d < Layout::lanes_per_block; d <<= 1)
+      amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    // False for nan; a lane past the end (valid 0) has no block to get wrong.
+    const bool exact = valid == 0 || (amax > 0.0f && amax <= FLT_MAX);
+    if (__all_sync(0xffffffffu, exact)) {
+      quant::block_stats stats;  // min is not the block's: a symmetric quantizer never reads it
+      stats.min = -amax;
+      stats.max = amax;
+      return stats;
     }
+    return exact_block_statistics<Layout>(c, valid, lane);
   } else {
-    LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i) {
-      if (i < valid) {
+    float mn = FLT_MAX, mx = -FLT_MAX, sentinel = 0.0f;
+    if (valid == 32) {
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i) {
         mn = fminf(mn, c[i]);
         mx = fmaxf(mx, c[i]);
         sentinel = fmaf(c[i], 0.0f, sentinel);
       }
+    } else {
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i) {
+        if (i < valid) {
+          mn = fminf(mn, c[i]);
+          mx = fmaxf(mx, c[i]);
+          sentinel = fmaf(c[i], 0.0f, sentinel);
+        }
+      }
     }
-  }
-  LOWBIT_UNROLL
-  for (int d = 1; d < Layout::lanes_per_block; d <<= 1) {
-    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, d));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    sentinel = sentinel + __shfl_xor_sync(0xffffffffu, sentinel, d);
-  }
-  const bool exact = !(sentinel != sentinel) && mn != 0.0f && mx != 0.0f;
-  quant::block_stats stats;
-  if (__all_sync(0xffffffffu, exact)) {
-    stats.min = mn;
-    stats.max = mx;
-  } else {
     LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i)
-      if (i < valid) stats.add(c[i]);
-    stats = reduce_block_stats<Layout::lanes_per_block>(stats, lane);
+    for (int d = 1; d < Layout::lanes_per_block; d <<= 1) {
+      mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, d));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+      sentinel = sentinel + __shfl_xor_sync(0xffffffffu, sentinel, d);
+    }
+    const bool exact = !(sentinel != sentinel) && mn != 0.0f && mx != 0.0f;
+    if (__all_sync(0xffffffffu, exact)) {
+      quant::block_stats stats;
+      stats.min = mn;
+      stats.max = mx;
+      return stats;
+    }
+    return exact_block_statistics<Layout>(c, valid, lane);
   }
-  return stats;
 }
 
 /// Encodes one lane's group. Every lane of the warp calls it (the statistics are
@@ -112,7 +152,7 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
       if (i < valid) c[i] = fb.load(static_cast<std::size_t>(i), c[i]);
   }
 
-  const quant::block_stats stats = block_statistics<Layout>(c, valid, lane);
+  const quant::block_stats stats = block_statistics<quantizer, Layout>(c, valid, lane);
   const auto meta = quantizer::make_meta(stats);
   const auto params = quantizer::make_params(meta);
   std::uint32_t codes[G];
