@@ -384,22 +384,24 @@ using codec_of = lowbit::codec<lowbit::quant::absmax<Bits>, lowbit::round::stoch
 }  // namespace
 
 /// Calls fn(S{}) for the schedule named `name`: default (the library's
-/// schedule::default_schedule), flat, pipelined (pipelined<>), or pipelined<K> with K = 2, 4, 8, 16
-/// chunks of at least 2^20 values
-/// ("pipelined2" ...), for tuning. False for an unknown name.
-/// `tuning` false: only default (= pipelined) and flat, to keep the build short for the
+/// schedule::default_schedule, ramped<>), flat, pipelined (pipelined<>: 4 equal chunks of
+/// at least 2^25 values), pipelined<K> with K = 2, 4, 8, 16 equal chunks of at least 2^20
+/// values ("pipelined2" ...), or ramped23 (ramped<8, 2^23>), for tuning. False for an
+/// unknown name. `tuning` false: only default and flat, to keep the build short for the
 /// configurations that are not tuned (feedback other than none).
 template <bool tuning = true, class Fn>
 bool with_schedule(const std::string& name, Fn&& fn) {
   using namespace lowbit::schedule;
   constexpr std::size_t small = std::size_t{1} << 20;
   if (name == "flat") return fn(flat{}), true;
-  if (name == "default" || name == "pipelined") return fn(default_schedule{}), true;
+  if (name == "default") return fn(default_schedule{}), true;
   if constexpr (!tuning) return false;
+  if (name == "pipelined") return fn(pipelined<>{}), true;
   if (name == "pipelined2") return fn(pipelined<2, small>{}), true;
   if (name == "pipelined4") return fn(pipelined<4, small>{}), true;
   if (name == "pipelined8") return fn(pipelined<8, small>{}), true;
   if (name == "pipelined16") return fn(pipelined<16, small>{}), true;
+  if (name == "ramped23") return fn(ramped<8, (std::size_t{1} << 23)>{}), true;
   return false;
 }
 

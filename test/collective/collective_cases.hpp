@@ -107,8 +107,8 @@ TEST_CASE(
                                                    salt++, algo);
       check_all_reduce<float, C4n, schedule::pipelined<3, 1>>(count, reduce_op::avg,
                                                               input_kind::normal, salt++, algo);
-      check_all_reduce<float, C2s, schedule::pipelined<4, 1>>(count, reduce_op::sum,
-                                                              input_kind::normal, salt++, algo);
+      check_all_reduce<float, C2s, schedule::ramped<6, 1>>(count, reduce_op::sum,
+                                                           input_kind::normal, salt++, algo);
     }
   }
 }
@@ -122,7 +122,9 @@ TEST_CASE("all_reduce: half and bfloat16 elements (fp32 accumulation)") {
   }
 }
 
-TEST_CASE("all_reduce: pipelined chunks give the same bytes as flat, feedback state included") {
+TEST_CASE(
+    "all_reduce: pipelined and ramped chunks give the same bytes as flat, feedback state "
+    "included") {
   const std::size_t count = 50001;
   const inputs<float> in(input_kind::normal, count, 7);
   collective_options o;
@@ -130,12 +132,15 @@ TEST_CASE("all_reduce: pipelined chunks give the same bytes as flat, feedback st
   using F = feedback::residual<float, true>;
   ar<float, C2s, F> flat(harness::comm(), count, o);
   ar<float, C2s, F, schedule::pipelined<4, 1>> piped(harness::comm(), count, o);
+  ar<float, C2s, F, schedule::ramped<8, 1>> ramped(harness::comm(), count, o);
   int differ = 0;
   for (int step = 0; step < 3; ++step) {
-    std::vector<float> a(count), b(count);
+    std::vector<float> a(count), b(count), c(count);
     harness::call(flat, in.mine(), a, count);
     harness::call(piped, in.mine(), b, count);
+    harness::call(ramped, in.mine(), c, count);
     differ += std::memcmp(a.data(), b.data(), count * sizeof(float)) != 0;
+    differ += std::memcmp(a.data(), c.data(), count * sizeof(float)) != 0;
   }
   CHECK(differ == 0);
 }
@@ -385,7 +390,7 @@ TEST_CASE("reduce_scatter: my shard is the exact sum of the decoded frames (one 
       const inputs<float> in(input_kind::normal, count, ++salt, scale);
       collective_options o;
       o.op = op;
-      rs<float, C4n, feedback::none, schedule::pipelined<3, 1>> scatter(harness::comm(), 100003, o);
+      rs<float, C4n, feedback::none, schedule::ramped<5, 1>> scatter(harness::comm(), 100003, o);
       const auto s = scatter.shard(count);
       CHECK(s.begin == schedule::shard(count, 128, P, world_rank()).begin);
       std::vector<float> out(s.count);
@@ -424,7 +429,7 @@ TEST_CASE("all_gather: every rank decodes every shard, identically, within one q
     INFO("count " << count);
     // A tensor every rank knows; each passes its own shard.
     const auto w = convert<float>(make_input(input_kind::normal, count, 0, 700 + count));
-    ag<float, C4s, schedule::pipelined<2, 1>> gather(harness::comm(), 100003);
+    ag<float, C4s, schedule::ramped<4, 1>> gather(harness::comm(), 100003);
     const auto s = gather.shard(count);
     CHECK(s.begin == schedule::shard(count, 128, P, world_rank()).begin);
     std::vector<float> mine(w.begin() + s.begin, w.begin() + s.end()), out(count);

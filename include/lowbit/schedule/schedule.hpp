@@ -49,10 +49,31 @@ struct pipelined {
   static constexpr const char* name = "pipelined";
 };
 
-/// The collectives' default: one flat pass below 2 x 2^25 values per rank's share (a
-/// one-chunk call runs on the caller's stream alone, as schedule::flat does), up to 4
-/// overlapped chunks above. Measured on 2x H200 (docs/performance.md).
-using default_schedule = pipelined<>;
+/// Pipelined chunks of unequal size: small at both ends, larger in the middle, so that
+/// the stages that cannot overlap anything (encoding the first chunk, decoding the last)
+/// are short while the middle transfers stay large enough to run at full speed. Chunk k
+/// of K weighs min(2^k, 2^(K-1-k), 4): K = 4 cuts 1:2:2:1, K = 6 1:2:4:4:2:1. K is the
+/// largest (at most MaxChunks) whose lightest chunk still holds MinPieceValues values of
+/// each rank's share. Measured on 2x H200 (docs/performance.md): at 1 GiB, bf16 4-bit,
+/// where the transfers bound the call, 8 uniform chunks left about 130 us of the first
+/// encode and last decode unoverlapped, and 4 about 260 us.
+template <int MaxChunks = 8, std::size_t MinPieceValues = (std::size_t{1} << 24)>
+struct ramped {
+  static_assert(MaxChunks >= 1 && MaxChunks <= 64,
+                "lowbit::schedule::ramped: MaxChunks must be in 1..64");
+  static_assert(MinPieceValues >= 1, "lowbit::schedule::ramped: MinPieceValues must be >= 1");
+  static constexpr bool is_schedule_policy = true;
+  static constexpr int max_chunks = MaxChunks;
+  static constexpr std::size_t min_chunk_values = MinPieceValues;
+  static constexpr int streams = 2;
+  static constexpr bool ramp = true;
+  static constexpr const char* name = "ramped";
+};
+
+/// The collectives' default: one flat pass below 2 x 2^24 values per rank's share (a
+/// one-chunk call runs on the caller's stream alone, as schedule::flat does), up to 8
+/// ramped chunks above. Measured on 2x H200 (docs/performance.md).
+using default_schedule = ramped<>;
 
 template <class S, class = void>
 struct is_schedule_policy : std::false_type {};
@@ -61,6 +82,26 @@ struct is_schedule_policy<S, std::enable_if_t<S::is_schedule_policy>> : std::tru
 /// True for schedule::flat and schedule::pipelined<...>.
 template <class S>
 inline constexpr bool is_schedule_policy_v = is_schedule_policy<S>::value;
+
+template <class S, class = void>
+struct ramps : std::false_type {};
+template <class S>
+struct ramps<S, std::enable_if_t<S::ramp>> : std::true_type {};
+/// True for a schedule whose chunks ramp up and down (schedule::ramped).
+template <class S>
+inline constexpr bool ramps_v = ramps<S>::value;
+
+/// The weight of chunk k of K in a ramped schedule: min(2^k, 2^(K-1-k), 4).
+constexpr std::size_t ramp_weight(int chunks, int k) {
+  const int d = k < chunks - 1 - k ? k : chunks - 1 - k;
+  return d >= 2 ? 4 : std::size_t{1} << d;
+}
+/// The summed weights of K ramped chunks.
+constexpr std::size_t ramp_total(int chunks) {
+  std::size_t w = 0;
+  for (int k = 0; k < chunks; ++k) w += ramp_weight(chunks, k);
+  return w;
+}
 
 /// A half-open element range [begin, begin + count).
 struct range {
@@ -92,12 +133,23 @@ inline range shard(std::size_t count, std::size_t block, int ranks, int rank) {
 }
 
 /// How many chunks Schedule cuts `count` elements into (blocks of `block`, `ranks`
-/// ranks): at most Schedule::max_chunks, no more than the smallest shard's blocks, and
-/// no more than count / Schedule::min_chunk_values; at least 1.
+/// ranks): at most Schedule::max_chunks and at least 1. Equal chunks: no more than the
+/// smallest shard's blocks, nor than count / Schedule::min_chunk_values. Ramped chunks:
+/// the lightest chunk of a rank's share keeps a block and min_chunk_values values.
 template <class Schedule>
 int num_chunks(std::size_t count, std::size_t block, int ranks) {
   const std::size_t nblocks = (count + block - 1) / block;
   const std::size_t per_rank = nblocks / static_cast<std::size_t>(ranks);
+  if constexpr (ramps_v<Schedule>) {
+    // The most chunks whose lightest one keeps a block and min_chunk_values values of
+    // each rank's share.
+    const std::size_t values = count / static_cast<std::size_t>(ranks);
+    int k = 1;
+    while (k < Schedule::max_chunks && ramp_total(k + 1) <= per_rank &&
+           ramp_total(k + 1) * Schedule::min_chunk_values <= values)
+      ++k;
+    return k;
+  }
   const std::size_t by_size = count / Schedule::min_chunk_values;
   const std::size_t k = std::min<std::size_t>(std::min(per_rank, by_size),
                                               static_cast<std::size_t>(Schedule::max_chunks));
@@ -112,6 +164,26 @@ inline range piece(range s, std::size_t block, int chunks, int k) {
       s.count);
   r.begin += s.begin;
   return r;
+}
+
+/// Piece `k` of `chunks` of the shard `s` as Schedule cuts it: equal parts, or parts in
+/// proportion to ramp_weight for a ramped schedule (whole blocks either way; a piece is
+/// never empty when the shard has ramp_total(chunks) blocks).
+template <class Schedule>
+range piece(range s, std::size_t block, int chunks, int k) {
+  if constexpr (ramps_v<Schedule>) {
+    const std::size_t nblocks = (s.count + block - 1) / block;
+    const std::size_t total = ramp_total(chunks);
+    std::size_t before = 0;
+    for (int j = 0; j < k; ++j) before += ramp_weight(chunks, j);
+    const std::size_t first = nblocks * before / total;
+    const std::size_t last = nblocks * (before + ramp_weight(chunks, k)) / total;
+    range r = blocks_to_elements({first, last - first}, block, s.count);
+    r.begin += s.begin;
+    return r;
+  } else {
+    return piece(s, block, chunks, k);
+  }
 }
 
 }  // namespace lowbit::schedule

@@ -207,7 +207,7 @@ class engine {
     exchange(K);
     for (int k = 0; k < K; ++k) {  // 3: reduce my piece, re-encode it into my gather slot
       be_.wait(lane::compute, event(k, phase::exchanged));
-      const schedule::range pc = schedule::piece(mine, B, K, k);
+      const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       if (pc.count > 0) {
         // EF21 decodes into its replicated state in phase 5 instead.
         T* decoded = Feedback::replicated ? nullptr : out + pc.begin;
@@ -223,7 +223,8 @@ class engine {
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
         if (p == rank_ && !Feedback::replicated) continue;
-        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc =
+            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
         if (pc.count == 0) continue;
         const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k];
         if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
@@ -250,7 +251,7 @@ class engine {
     const auto fb = state_.worker_ref();
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {  // 1: encode my piece k into my slot
-      const schedule::range pc = schedule::piece(all, B, K, k);
+      const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count,
                                  gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
                                  pc.begin, fb.shifted(pc.begin));
@@ -259,7 +260,7 @@ class engine {
     gather(K, phase::reduced, Codec::bits);
     for (int k = 0; k < K; ++k) {  // 3: sum the P frames of piece k
       be_.wait(lane::compute, event(k, phase::gathered));
-      const schedule::range pc = schedule::piece(all, B, K, k);
+      const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
       const std::byte* frames = gather_.data() + gather_off_[k];
       if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
         be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
@@ -297,7 +298,7 @@ class engine {
     exchange(K);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::exchanged));
-      const schedule::range pc = schedule::piece(mine, B, K, k);
+      const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       if (pc.count == 0) continue;
       const std::byte* frames = recv_.data() + recv_base_[k];
       T* dst = out + (pc.begin - mine.begin);
@@ -333,7 +334,7 @@ class engine {
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {
-      const schedule::range pc = schedule::piece(mine, B, K, k);
+      const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       if (pc.count > 0) {
         be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count,
                                    gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
@@ -345,7 +346,8 @@ class engine {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
-        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc =
+            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
         if (pc.count == 0) continue;
         be_.template decode<Codec>(lane::compute,
                                    gather_.data() + gather_off_[k] + p * gather_slot_[k], pc.count,
@@ -389,14 +391,16 @@ class engine {
     const int K = schedule::num_chunks<Schedule>(count, B, P_);
     std::size_t send = 0, recv = 0, gather = 0;
     for (int k = 0; k < K; ++k) {
-      const schedule::range mine = schedule::piece(schedule::shard(count, B, P_, rank_), B, K, k);
+      const schedule::range mine =
+          schedule::piece<Schedule>(schedule::shard(count, B, P_, rank_), B, K, k);
       const std::size_t stride = Codec::frame_bytes(mine.count);
       std::size_t slot = 0;
       recv_base_[k] = recv;
       recv_stride_[k] = stride;
       for (int p = 0; p < P_; ++p) {
         const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-        const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc =
+            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
         const std::size_t fb = Codec::frame_bytes(pc.count);
         slot = std::max(slot, fb);
         send_off_[i] = send;
@@ -425,7 +429,8 @@ class engine {
     const int K = schedule::num_chunks<Schedule>(count, B, 1);
     std::size_t gather = 0;
     for (int k = 0; k < K; ++k) {
-      const std::size_t slot = Codec::frame_bytes(schedule::piece({0, count}, B, K, k).count);
+      const std::size_t slot =
+          Codec::frame_bytes(schedule::piece<Schedule>({0, count}, B, K, k).count);
       gather_off_[k] = gather;
       gather_slot_[k] = slot;
       gather += P_ * slot;
@@ -442,7 +447,8 @@ class engine {
     const std::size_t B = Codec::block_size;
     const auto fb = state_.worker_ref();
     const auto encode_piece = [&](int k, int p) {
-      const schedule::range pc = schedule::piece(schedule::shard(count, B, P_, p), B, K, k);
+      const schedule::range pc =
+          schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
       if (pc.count == 0) return;
       const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
       std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
