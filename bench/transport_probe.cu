@@ -4,7 +4,9 @@
 //   allgather  in-place ncclAllGather on cudaMalloc memory (frame_transport::nccl);
 //   sym_ag     the same on the backend's symmetric window_buffer (nccl_symmetric);
 //   lsa_push   the backend's lsa_transport: a kernel storing this rank's slot into every
-//              load/store-accessible peer's window between LSA barriers (peer_stores).
+//              load/store-accessible peer's window between LSA barriers (peer_stores);
+//   ce_ag      sym_ag over the backend's zero-CTA split of the communicator, whose
+//              all-gathers run on copy engines within a node (copy_engines).
 // Not installed: it explains lowbit-perf's figures and chooses transports.
 //
 //   mpirun -np 2 transport-probe [min_bytes max_bytes [ctas]]   (bytes sent to each peer)
@@ -17,6 +19,7 @@
 
 #include <lowbit/collective/detail/lsa_transport.cuh>
 #include <lowbit/collective/detail/window_buffer.cuh>
+#include <lowbit/collective/detail/zero_cta_comm.cuh>
 #include <lowbit/comm/mpi_bootstrap.hpp>
 
 #include "lowbit_perf/timing.hpp"
@@ -40,14 +43,19 @@ int main(int argc, char** argv) {
     const lowbit::detail::window_buffer win(c, hi * P, true);
     const lowbit::detail::lsa_transport lsa(c, ctas);
     char* sym = reinterpret_cast<char*>(win.data());
+    const lowbit::detail::zero_cta_comm ce(c);
+    const lowbit::detail::window_buffer ce_win(ce.enabled() ? ce.get() : c, hi * P, true);
+    char* ce_sym = reinterpret_cast<char*>(ce_win.data());
     cudaStream_t s;
     LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     if (rank == 0)
       std::printf(
-          "# transport-probe, %d ranks, peer stores %s, %d CTAs; bytes = sent to each peer; "
-          "GB/s = bytes*(P-1)/t\n#%11s %12s %7s %12s %7s %12s %7s %12s %7s\n",
-          P, lsa.enabled() ? "on" : "off (no load/store access)", ctas, "bytes", "sendrecv_us",
-          "GB/s", "allgather_us", "GB/s", "sym_ag_us", "GB/s", "lsa_push_us", "GB/s");
+          "# transport-probe, %d ranks, peer stores %s, %d CTAs, zero-CTA split %s; bytes = "
+          "sent to each peer; GB/s = bytes*(P-1)/t\n#%11s %12s %7s %12s %7s %12s %7s %12s %7s "
+          "%12s %7s\n",
+          P, lsa.enabled() ? "on" : "off (no load/store access)", ctas,
+          ce.enabled() ? "on" : "off (NCCL < 2.28)", "bytes", "sendrecv_us", "GB/s", "allgather_us",
+          "GB/s", "sym_ag_us", "GB/s", "lsa_push_us", "GB/s", "ce_ag_us", "GB/s");
     for (std::size_t b = lo; b <= hi; b *= 4) {
       const auto sendrecv = [&](cudaStream_t st) {
         LOWBIT_NCCL_TRY(ncclGroupStart());
@@ -65,16 +73,20 @@ int main(int argc, char** argv) {
         LOWBIT_NCCL_TRY(ncclAllGather(sym + rank * b, sym, b, ncclUint8, c, st));
       };
       const auto push = [&](cudaStream_t st) { lsa.allgather(win, 0, b, st); };
+      const auto ce_allgather = [&](cudaStream_t st) {
+        LOWBIT_NCCL_TRY(ncclAllGather(ce_sym + rank * b, ce_sym, b, ncclUint8, ce.get(), st));
+      };
       const int iters = b >= (64u << 20) ? 10 : 20;
       const double t1 = lowbit_perf::time_median_us(sendrecv, s, 3, iters);
       const double t2 = lowbit_perf::time_median_us(allgather, s, 3, iters);
       const double t3 = lowbit_perf::time_median_us(sym_allgather, s, 3, iters);
       const double t4 = lsa.enabled() ? lowbit_perf::time_median_us(push, s, 3, iters) : 0.0;
+      const double t5 = ce.enabled() ? lowbit_perf::time_median_us(ce_allgather, s, 3, iters) : 0.0;
       const double moved = double(b) * (P - 1);
       const auto rate = [&](double t) { return t > 0 ? moved / t / 1e3 : 0.0; };
       if (rank == 0)
-        std::printf(" %11zu %12.1f %7.1f %12.1f %7.1f %12.1f %7.1f %12.1f %7.1f\n", b, t1, rate(t1),
-                    t2, rate(t2), t3, rate(t3), t4, rate(t4));
+        std::printf(" %11zu %12.1f %7.1f %12.1f %7.1f %12.1f %7.1f %12.1f %7.1f %12.1f %7.1f\n", b,
+                    t1, rate(t1), t2, rate(t2), t3, rate(t3), t4, rate(t4), t5, rate(t5));
     }
     comm.sync(s);
     cudaFree(send);

@@ -50,15 +50,15 @@ namespace {
       "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n"
       "  --algo <a>              all_reduce: automatic | two_phase | one_shot [automatic]\n"
       "  --breakdown             all_reduce: time each pass alone at the largest size\n"
-      "  --transport <t>         automatic | nccl | nccl_symmetric | peer_stores [automatic]\n");
+      "  --transport <t>         automatic | nccl | nccl_symmetric | peer_stores |\n"
+      "                          copy_engines [automatic]\n");
   std::exit(code);
 }
 
 /// The frame_transport whose name (lowbit::to_string) is `name`; false for none.
 bool parse_transport(const std::string& name, lowbit::frame_transport& out) {
   using lowbit::frame_transport;
-  for (const auto t : {frame_transport::automatic, frame_transport::nccl,
-                       frame_transport::nccl_symmetric, frame_transport::peer_stores})
+  for (const auto t : lowbit::all_frame_transports)
     if (name == lowbit::to_string(t)) return out = t, true;
   return false;
 }
@@ -122,7 +122,7 @@ options parse(int argc, char** argv) {
     std::fprintf(stderr,
                  "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --algo "
                  "automatic|two_phase|one_shot, --transport automatic|nccl|nccl_symmetric|"
-                 "peer_stores\n");
+                 "peer_stores|copy_engines\n");
     std::exit(2);
   }
   return o;

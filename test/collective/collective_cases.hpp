@@ -474,8 +474,7 @@ TEST_CASE("the frame transport changes how frames move, never the bytes") {
   const std::size_t count = 70001;
   const inputs<float> in(input_kind::normal, count, 901);
   std::vector<float> first(count), out(count);
-  for (const auto t : {frame_transport::automatic, frame_transport::nccl,
-                       frame_transport::nccl_symmetric, frame_transport::peer_stores}) {
+  for (const auto t : all_frame_transports) {
     INFO(to_string(t));
     collective_options o;
     o.seed = shared_seed() + 901;
@@ -494,6 +493,7 @@ TEST_CASE("the frame transport changes how frames move, never the bytes") {
   }
   CHECK(std::string(to_string(frame_transport::nccl_symmetric)) == "nccl_symmetric");
   CHECK(std::string(to_string(frame_transport::peer_stores)) == "peer_stores");
+  CHECK(std::string(to_string(frame_transport::copy_engines)) == "copy_engines");
 }
 
 TEST_CASE("bad input throws lowbit::invalid_argument before any byte is sent") {

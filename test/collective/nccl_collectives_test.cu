@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -112,15 +113,15 @@ void check_host_device(std::size_t count, int steps, std::uint64_t salt,
   o.algorithm = algo;
   o.transport = transport;
   lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
-  // automatic is peer_stores from 8 bits, nccl_symmetric below; peer_stores falls back to
-  // nccl_symmetric where the peers cannot be mapped.
-  if (transport == frame_transport::automatic && C::bits < 8)
-    CHECK(dev.transport() == frame_transport::nccl_symmetric);
-  if (transport == frame_transport::nccl) CHECK(dev.transport() == frame_transport::nccl);
-  if (transport == frame_transport::peer_stores ||
-      (transport == frame_transport::automatic && C::bits >= 8))
-    CHECK((dev.transport() == frame_transport::peer_stores ||
-           dev.transport() == frame_transport::nccl_symmetric));
+  // automatic reports copy_engines where the peers are mapped and NCCL has CTA policies;
+  // peer_stores and copy_engines fall back to nccl_symmetric where they cannot be used.
+  const frame_transport got = dev.transport();
+  if (transport == frame_transport::nccl) CHECK(got == frame_transport::nccl);
+  if (transport == frame_transport::nccl_symmetric) CHECK(got == frame_transport::nccl_symmetric);
+  if (transport == frame_transport::peer_stores)
+    CHECK((got == frame_transport::peer_stores || got == frame_transport::nccl_symmetric));
+  if (transport == frame_transport::copy_engines || transport == frame_transport::automatic)
+    CHECK((got == frame_transport::copy_engines || got == frame_transport::nccl_symmetric));
   lowbit::all_reduce<T, C, F, S, backend::mpi> host(host_comm(), count, o);
   dvec<T> din(in.mine()), dout(count);
   std::vector<T> a(count), b(count);
@@ -156,15 +157,22 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
     check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
         count, 3, 8, two);
     check_host_device<float, C8s, feedback::ef21<>, schedule::pipelined<2, 1>>(count, 3, 9, two);
-    // Every transport moves the same bytes (automatic ran above: nccl_symmetric at 2 and
-    // 4 bits, peer_stores at 8).
-    for (const auto tr : {frame_transport::nccl, frame_transport::peer_stores}) {
+    // Every transport moves the same bytes (automatic ran above).
+    for (const auto tr :
+         {frame_transport::nccl, frame_transport::peer_stores, frame_transport::copy_engines}) {
       const auto one = all_reduce_algorithm::one_shot;
       check_host_device<float, C4s, feedback::none, schedule::pipelined<4, 1>>(count, 2, 10, one,
                                                                                tr);
       check_host_device<__nv_bfloat16, C4s, feedback::residual<__nv_bfloat16>, schedule::flat>(
           count, 2, 11, two, tr);
     }
+    // automatic with the copy engines' threshold lowered to 64 KiB: at 4 bits the pieces'
+    // all-gathers straddle it (copy engines for the middle ones, NCCL kernels for the
+    // ends), as they do on large tensors; 8-bit codes keep peer stores below 32 MiB.
+    ::setenv("LOWBIT_COPY_ENGINE_MIN_BYTES", "65536", 1);
+    check_host_device<float, C4s, feedback::none, schedule::ramped<6, 1>>(count, 2, 12);
+    check_host_device<float, C8s, feedback::none, schedule::ramped<6, 1>>(count, 2, 13);
+    ::unsetenv("LOWBIT_COPY_ENGINE_MIN_BYTES");
   }
 }
 
@@ -172,8 +180,7 @@ TEST_CASE("reduce_scatter and all_gather match the host backend on every transpo
   using C = codec<quant::absmax<4, 128>, round::stochastic>;
   const std::size_t count = (std::size_t(1) << 20) + 4099;
   const inputs<float> in(input_kind::normal, count, 12);
-  for (const auto tr : {frame_transport::automatic, frame_transport::nccl,
-                        frame_transport::nccl_symmetric, frame_transport::peer_stores}) {
+  for (const auto tr : all_frame_transports) {
     INFO(to_string(tr));
     collective_options o;
     o.seed = shared_seed();
@@ -239,6 +246,7 @@ TEST_CASE("a call captured in a CUDA graph replays the eager result") {
   check_graph<schedule::pipelined<4, 1>>(1 << 20);
   check_graph<schedule::pipelined<4, 1>>(1 << 20, frame_transport::nccl);
   check_graph<schedule::pipelined<4, 1>>(1 << 20, frame_transport::peer_stores);
+  check_graph<schedule::pipelined<4, 1>>(1 << 20, frame_transport::copy_engines);
 }
 
 TEST_CASE("below the crossover each collective is the plain NCCL collective, bit for bit") {

@@ -66,13 +66,14 @@ enum class all_reduce_algorithm {
 };
 
 /// How the NCCL backend moves frames between GPUs (the MPI backend ignores it).
-/// Measured on 2x H200 over NVLink (docs/performance.md): nccl_symmetric is the fastest
-/// all_reduce where the codec's kernels are the bottleneck (bf16 at 4 bits: 2.43x NCCL
-/// at 1 GiB, against 2.06x for nccl and 2.23x for peer_stores), peer_stores where the
-/// transfer is (bf16 at 8 bits: 1.55x against 1.40x).
+/// Measured on 2x H200 over NVLink (docs/performance.md): copy_engines is the fastest for
+/// large transfers (bf16 4-bit all_reduce at 1 GiB 2.71x NCCL, against 2.57x for
+/// nccl_symmetric), NCCL's kernels on symmetric windows for small ones.
 enum class frame_transport {
-  /// peer_stores for frames of codes of 8 bits or more (there the transfer is the
-  /// bottleneck), nccl_symmetric for narrower codes.
+  /// Where every peer's memory is mapped: copy_engines for all-gathers of large slots (10
+  /// MiB per rank in a pipelined call at under 8 bits, else 32 MiB), below that
+  /// peer_stores for codes of 8 bits or more and nccl_symmetric for narrower ones.
+  /// nccl_symmetric elsewhere.
   automatic,
   /// NCCL collectives on cudaMalloc workspace. The only choice that keeps construction
   /// local (no collective registration).
@@ -87,7 +88,17 @@ enum class frame_transport {
   /// every rank is load/store accessible; nccl_symmetric elsewhere (PCIe without P2P,
   /// sockets).
   peer_stores,
+  /// nccl_symmetric, with every all-gather on a zero-CTA split of the communicator
+  /// (NCCL >= 2.28): within a node NCCL runs it on the GPUs' copy engines (382 against
+  /// 323 GB/s per rank at 256 MiB) and leaves every SM to the codec kernels. two_phase's
+  /// all-to-alls stay NCCL kernels; nccl_symmetric where NCCL has no CTA policies.
+  copy_engines,
 };
+
+/// Every frame_transport, for parsing and for tests.
+inline constexpr frame_transport all_frame_transports[] = {
+    frame_transport::automatic, frame_transport::nccl, frame_transport::nccl_symmetric,
+    frame_transport::peer_stores, frame_transport::copy_engines};
 
 /// Name of a frame_transport, for messages.
 inline const char* to_string(frame_transport t) {
@@ -100,6 +111,8 @@ inline const char* to_string(frame_transport t) {
       return "nccl_symmetric";
     case frame_transport::peer_stores:
       return "peer_stores";
+    case frame_transport::copy_engines:
+      return "copy_engines";
   }
   return "?";
 }

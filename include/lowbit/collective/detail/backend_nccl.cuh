@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/lsa_transport.cuh"
 #include "lowbit/collective/detail/window_buffer.cuh"
+#include "lowbit/collective/detail/zero_cta_comm.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
@@ -62,32 +64,61 @@ struct backend_impl<backend::nccl> {
   }
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
-  /// frame_transport::automatic's choice: all-gathers of codes this wide are peer stores.
-  /// Their frames make the transfer the bottleneck, where the peer-store kernel's speed
-  /// pays for the SMs it takes: bf16 8-bit all_reduce 1.56-1.61x NCCL at 256 MiB-1 GiB
-  /// against 1.39-1.44x for NCCL on the same windows; at 4 bits the codec is the
-  /// bottleneck and NCCL's transfer, lighter on the SMs, won (bf16 2.35-2.46x against
-  /// 2.06-2.23x).
+  /// frame_transport::automatic's choice for all-gathers below copy_engine_min_bytes():
+  /// peer stores for codes this wide. Their frames make the transfer the bottleneck, where
+  /// the peer-store kernel's speed pays for the SMs it takes: bf16 8-bit all_reduce
+  /// 1.56-1.61x NCCL at 256 MiB-1 GiB against 1.39-1.44x for NCCL on the same windows; at
+  /// 4 bits the codec was the bottleneck and NCCL's transfer, lighter on the SMs, won.
   static constexpr int peer_store_min_bits = 8;
+  /// frame_transport::automatic's choice: in a pipelined call, all-gathers of slots this
+  /// large run on the copy engines (where NCCL has CTA policies), smaller ones as above. A
+  /// copy-engine transfer starts later than a kernel (19.5 against 12.3 us for 1 MiB per
+  /// rank) but takes no SM: bf16 4-bit all_reduce at 256 MiB (slots of 12-24 MB) 2.61x
+  /// NCCL against 2.40x, at 64 MiB (slots of 9 MB) 1.82x against 1.98x with every slot on
+  /// the copy engines (docs/performance.md). LOWBIT_COPY_ENGINE_MIN_BYTES overrides it (a
+  /// tuning knob, the same on every rank).
+  static std::size_t copy_engine_min_bytes() {
+    const char* env = std::getenv("LOWBIT_COPY_ENGINE_MIN_BYTES");
+    return env != nullptr ? std::strtoull(env, nullptr, 10) : (std::size_t{10} << 20);
+  }
+  /// The same against a faster transfer, peer stores (8-bit codes), or where nothing
+  /// overlaps the transfer (a one-chunk call): the copy engines win on speed alone only
+  /// from here (64 MiB per rank: 382 against 323 and 338 GB/s; 16 MiB: 264 against 282
+  /// and 294). bf16 8-bit all_reduce at 64 MiB: 1.36x NCCL with copy engines, 1.40x with
+  /// peer stores; at 128 MiB 1.54x against 1.51x.
+  static constexpr std::size_t copy_engine_min_bytes_alone = std::size_t{32} << 20;
   /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
   /// `widest_bits` bits. Collective over the communicator unless `t` is
-  /// frame_transport::nccl (window registration, device-communicator creation).
+  /// frame_transport::nccl (window registration, communicator split, device-communicator
+  /// creation).
   void set_transport(frame_transport t, int widest_bits) {
     symmetric_ = LOWBIT_HAS_NCCL_WINDOWS && t != frame_transport::nccl && comm_->size() > 1;
+    if (!symmetric_) return;
     min_store_bits_ = t == frame_transport::peer_stores ? 0 : peer_store_min_bits;
-    if (symmetric_ && t != frame_transport::nccl_symmetric && widest_bits >= min_store_bits_)
+    if (t == frame_transport::peer_stores || t == frame_transport::automatic)
       lsa_ = lsa_transport(comm_->get());
+    // automatic: copy engines only where the peers' memory is mapped (NVLink or PCIe
+    // P2P, which lsa_transport found); without it NCCL has no copy-engine path.
+    if (t == frame_transport::copy_engines || (t == frame_transport::automatic && lsa_.enabled())) {
+      ce_ = zero_cta_comm(comm_->get());
+      const bool always = t == frame_transport::copy_engines;
+      ce_min_bytes_ = always ? 0 : copy_engine_min_bytes();
+      ce_min_alone_bytes_ = always ? 0 : copy_engine_min_bytes_alone;
+    }
+    if (widest_bits < min_store_bits_) lsa_ = lsa_transport();  // no all-gather would use it
   }
-  /// The transport the widest codes use: peer_stores only where every peer is load/store
-  /// accessible.
+  /// The transport of the largest all-gathers of the widest codes: copy_engines only where
+  /// NCCL has CTA policies, peer_stores only where every peer is load/store accessible.
   frame_transport transport() const noexcept {
-    return lsa_.enabled() ? frame_transport::peer_stores
-           : symmetric_   ? frame_transport::nccl_symmetric
-                          : frame_transport::nccl;
+    return ce_.enabled()    ? frame_transport::copy_engines
+           : lsa_.enabled() ? frame_transport::peer_stores
+           : symmetric_     ? frame_transport::nccl_symmetric
+                            : frame_transport::nccl;
   }
-  /// Collective over the communicator with a symmetric transport (window registration).
+  /// Collective over the communicator with a symmetric transport (window registration,
+  /// with the zero-CTA split too when there is one).
   transfer_buffer make_transfer_buffer(std::size_t bytes) const {
-    return window_buffer(comm_->get(), bytes, symmetric_);
+    return window_buffer(comm_->get(), bytes, symmetric_, ce_.get());
   }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
@@ -177,11 +208,14 @@ struct backend_impl<backend::nccl> {
   void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
                  int bits) {
     if (comm_->size() == 1) return;
-    if (lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_)
-      return lsa_.allgather(buf, offset, slot_bytes, stream(l));
+    const bool stores = lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_;
+    const bool engines = ce_.enabled() && buf.symmetric() &&
+                         slot_bytes >= (overlap_ && !stores ? ce_min_bytes_ : ce_min_alone_bytes_);
+    if (stores && !engines) return lsa_.allgather(buf, offset, slot_bytes, stream(l));
     std::byte* base = buf.data() + offset;
     LOWBIT_NCCL_TRY(ncclAllGather(base + static_cast<std::size_t>(comm_->rank()) * slot_bytes, base,
-                                  slot_bytes, ncclUint8, comm_->get(), stream(l)));
+                                  slot_bytes, ncclUint8, engines ? ce_.get() : comm_->get(),
+                                  stream(l)));
   }
 
   // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
@@ -231,6 +265,9 @@ struct backend_impl<backend::nccl> {
   bool symmetric_ = false;                    ///< transfer buffers are symmetric NCCL windows
   int min_store_bits_ = peer_store_min_bits;  ///< peer stores for codes at least this wide
   lsa_transport lsa_;                         ///< enabled: such all-gathers are peer stores
+  zero_cta_comm ce_;              ///< enabled: all-gathers of large slots go here (copy engines)
+  std::size_t ce_min_bytes_ = 0;  ///< ... in a pipelined call, against NCCL kernels
+  std::size_t ce_min_alone_bytes_ = 0;  ///< ... against peer stores or in a one-chunk call
   unique_stream side_;
   std::vector<unique_event> events_;
 };

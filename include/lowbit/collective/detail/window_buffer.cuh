@@ -24,29 +24,26 @@
 namespace lowbit::detail {
 
 /// `bytes` zeroed device bytes, registered with `comm` as a symmetric NCCL window when
-/// asked and the NCCL headers have windows (plain cudaMalloc memory otherwise). Move-only.
+/// asked and the NCCL headers have windows (plain cudaMalloc memory otherwise), and also
+/// with `also` when given (the zero-CTA split whose all-gathers run on copy engines).
+/// Move-only.
 class window_buffer {
  public:
   window_buffer() = default;
-  window_buffer(ncclComm_t comm, std::size_t bytes, bool symmetric) : size_(bytes) {
+  window_buffer(ncclComm_t comm, std::size_t bytes, bool symmetric, ncclComm_t also = nullptr)
+      : size_(bytes) {
     if (bytes == 0) return;
 #if LOWBIT_HAS_NCCL_WINDOWS
     if (symmetric) {
       LOWBIT_NCCL_TRY(ncclMemAlloc(reinterpret_cast<void**>(&data_), bytes));
-      comm_ = comm;
-      const ncclResult_t r =
-          ncclCommWindowRegister(comm, data_, bytes, &window_, NCCL_WIN_COLL_SYMMETRIC);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        release();
-        throw nccl_error(__FILE__, __LINE__, static_cast<int>(r),
-                         std::string("ncclCommWindowRegister failed: ") + ncclGetErrorString(r) +
-                             " (collective_options::transport = frame_transport::nccl keeps "
-                             "the workspace unregistered)");
-      }
+      nccl_mem_ = true;
+      reg_[0] = register_with(comm);
+      if (also != nullptr) reg_[1] = register_with(also);
     }
 #else
     (void)comm;
     (void)symmetric;
+    (void)also;
 #endif
     if (data_ == nullptr) LOWBIT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), bytes));
     LOWBIT_CUDA_TRY(cudaMemset(data_, 0, bytes));
@@ -67,42 +64,65 @@ class window_buffer {
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   /// True when the bytes are a registered symmetric window.
-  bool symmetric() const noexcept { return comm_ != nullptr; }
+  bool symmetric() const noexcept { return reg_[0].comm != nullptr; }
 #if LOWBIT_HAS_NCCL_WINDOWS
-  /// The window (null unless symmetric()).
-  ncclWindow_t window() const noexcept { return window_; }
+  /// The window of the first communicator (null unless symmetric()).
+  ncclWindow_t window() const noexcept { return reg_[0].window; }
 #endif
 
  private:
+  struct registration {
+    ncclComm_t comm = nullptr;
+#if LOWBIT_HAS_NCCL_WINDOWS
+    ncclWindow_t window = nullptr;
+#endif
+  };
+
+#if LOWBIT_HAS_NCCL_WINDOWS
+  /// Registers data_ with `comm`; on failure frees everything and throws.
+  registration register_with(ncclComm_t comm) {
+    registration r;
+    const ncclResult_t e =
+        ncclCommWindowRegister(comm, data_, size_, &r.window, NCCL_WIN_COLL_SYMMETRIC);
+    if (e != ncclSuccess && e != ncclInProgress) {
+      release();
+      throw nccl_error(__FILE__, __LINE__, static_cast<int>(e),
+                       std::string("ncclCommWindowRegister failed: ") + ncclGetErrorString(e) +
+                           " (collective_options::transport = frame_transport::nccl keeps "
+                           "the workspace unregistered)");
+    }
+    r.comm = comm;
+    return r;
+  }
+#endif
+
   void swap(window_buffer& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
-    std::swap(comm_, o.comm_);
-#if LOWBIT_HAS_NCCL_WINDOWS
-    std::swap(window_, o.window_);
-#endif
+    std::swap(reg_, o.reg_);
+    std::swap(nccl_mem_, o.nccl_mem_);
   }
   void release() noexcept {
 #if LOWBIT_HAS_NCCL_WINDOWS
-    if (comm_ != nullptr) {
-      if (window_ != nullptr) LOWBIT_NCCL_TRY_NO_THROW(ncclCommWindowDeregister(comm_, window_));
-      if (data_ != nullptr) LOWBIT_NCCL_TRY_NO_THROW(ncclMemFree(data_));
-      window_ = nullptr;
-      comm_ = nullptr;
+    if (nccl_mem_) {
+      for (registration& r : reg_)
+        if (r.comm != nullptr && r.window != nullptr)
+          LOWBIT_NCCL_TRY_NO_THROW(ncclCommWindowDeregister(r.comm, r.window));
+      LOWBIT_NCCL_TRY_NO_THROW(ncclMemFree(data_));
       data_ = nullptr;
     }
 #endif
     if (data_ != nullptr) LOWBIT_CUDA_TRY_NO_THROW(cudaFree(data_));
     data_ = nullptr;
     size_ = 0;
+    reg_[0] = reg_[1] = registration{};
+    nccl_mem_ = false;
   }
 
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
-  ncclComm_t comm_ = nullptr;  ///< set while data_ is a registered window
-#if LOWBIT_HAS_NCCL_WINDOWS
-  ncclWindow_t window_ = nullptr;
-#endif
+  registration reg_[2];    ///< [0] the backend's communicator, [1] its zero-CTA split
+  bool nccl_mem_ = false;  ///< data_ came from ncclMemAlloc
 };
 
 }  // namespace lowbit::detail
