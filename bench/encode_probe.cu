@@ -2,12 +2,15 @@
 // CUDA-event-timed launches after 3 warm-ups, for the codecs the collectives' default
 // configurations use, beside a device-to-device copy of the same size (the HBM ceiling,
 // read + write). Not installed: it explains the codec rows of docs/performance.md.
+// codec_bench (Google Benchmark) times the same kernels over more sizes and codecs; this
+// is the short single-size table those rows quote.
 //
 //   encode-probe
 #include <algorithm>
 #include <cstdio>
-#include <lowbit/lowbit.cuh>
 #include <vector>
+
+#include <lowbit/lowbit.cuh>
 namespace lb = lowbit;
 template <int B>
 using SR = lb::codec<lb::quant::absmax<B>, lb::round::stochastic>;
@@ -16,19 +19,21 @@ using RN = lb::codec<lb::quant::absmax<B>>;
 template <class F>
 float timeit(F f) {
   cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
+  LOWBIT_CUDA_TRY(cudaEventCreate(&a));
+  LOWBIT_CUDA_TRY(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> v;
   for (int r = 0; r < 15; ++r) {
-    cudaEventRecord(a);
+    LOWBIT_CUDA_TRY(cudaEventRecord(a));
     f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
+    LOWBIT_CUDA_TRY(cudaEventRecord(b));
+    LOWBIT_CUDA_TRY(cudaEventSynchronize(b));
     float ms;
-    cudaEventElapsedTime(&ms, a, b);
+    LOWBIT_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
     v.push_back(ms * 1e3f);
   }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -45,11 +50,12 @@ int main() {
   const std::size_t n = std::size_t(1) << 29;
   __nv_bfloat16 *x, *r;
   std::byte* fr;
-  cudaMalloc(&x, n * 2);
-  cudaMalloc(&r, n * 2);
-  cudaMalloc(&fr, SR<8>::frame_bytes(n));
+  LOWBIT_CUDA_TRY(cudaMalloc(&x, n * 2));
+  LOWBIT_CUDA_TRY(cudaMalloc(&r, n * 2));
+  LOWBIT_CUDA_TRY(cudaMalloc(&fr, SR<8>::frame_bytes(n)));
   fill<<<1024, 256>>>(x, n);
-  cudaMemset(r, 0, n * 2);
+  LOWBIT_CHECK_LAUNCH();
+  LOWBIT_CUDA_TRY(cudaMemset(r, 0, n * 2));
   lb::rng_key k{1, 2, 3, 0};
   auto none = lb::feedback::none_ref{};
   std::printf("encode us (2^29 bf16 = 1 GiB; fp32 rows 2^28 = 1 GiB)\n");
@@ -68,7 +74,12 @@ int main() {
   std::printf("fp32 4b SR        %.1f\n", timeit([&] {
                 lb::kernels::encode<SR<4>, float>((const float*)x, n / 2, fr, k, 0, none, nullptr);
               }));
-  std::printf("copy 1 GiB        %.1f\n",
-              timeit([&] { cudaMemcpyAsync(r, x, n * 2, cudaMemcpyDeviceToDevice); }));
-  return cudaDeviceSynchronize() != cudaSuccess;
+  std::printf("copy 1 GiB        %.1f\n", timeit([&] {
+                LOWBIT_CUDA_TRY(cudaMemcpyAsync(r, x, n * 2, cudaMemcpyDeviceToDevice));
+              }));
+  LOWBIT_CUDA_TRY(cudaDeviceSynchronize());
+  cudaFree(x);
+  cudaFree(r);
+  cudaFree(fr);
+  return 0;
 }

@@ -41,7 +41,7 @@ TEST_CASE("pieces cut a shard into whole blocks, and chunks never outnumber bloc
         const auto s = schedule::shard(count, block, P, p);
         std::size_t next = s.begin;
         for (int k = 0; k < K; ++k) {
-          const auto pc = schedule::piece(s, block, K, k);
+          const auto pc = schedule::piece<S>(s, block, K, k);
           CHECK(pc.begin == next);
           if (pc.count > 0) CHECK(pc.begin % block == 0);
           next = pc.end();

@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/float_ops.hpp"

@@ -156,34 +156,30 @@ int num_chunks(std::size_t count, std::size_t block, int ranks) {
   return static_cast<int>(std::max<std::size_t>(1, k));
 }
 
-/// Piece `k` of `chunks` of the shard `s` (s.begin a multiple of `block`).
-inline range piece(range s, std::size_t block, int chunks, int k) {
-  const std::size_t nblocks = (s.count + block - 1) / block;
-  range r = blocks_to_elements(
-      split_blocks(nblocks, static_cast<std::size_t>(chunks), static_cast<std::size_t>(k)), block,
-      s.count);
-  r.begin += s.begin;
-  return r;
+/// Part `k` of `n` blocks cut into `chunks` parts in proportion to ramp_weight (each part
+/// holds at least one block when n >= ramp_total(chunks)).
+inline range ramp_blocks(std::size_t n, int chunks, int k) {
+  const std::size_t total = ramp_total(chunks);
+  std::size_t before = 0;
+  for (int j = 0; j < k; ++j) before += ramp_weight(chunks, j);
+  const std::size_t first = n * before / total;
+  return {first, n * (before + ramp_weight(chunks, k)) / total - first};
 }
 
-/// Piece `k` of `chunks` of the shard `s` as Schedule cuts it: equal parts, or parts in
-/// proportion to ramp_weight for a ramped schedule (whole blocks either way; a piece is
-/// never empty when the shard has ramp_total(chunks) blocks).
+/// Piece `k` of `chunks` of the shard `s` (s.begin a multiple of `block`) as Schedule cuts
+/// it: whole blocks, in equal parts, or in proportion to ramp_weight for a ramped
+/// schedule.
 template <class Schedule>
 range piece(range s, std::size_t block, int chunks, int k) {
-  if constexpr (ramps_v<Schedule>) {
-    const std::size_t nblocks = (s.count + block - 1) / block;
-    const std::size_t total = ramp_total(chunks);
-    std::size_t before = 0;
-    for (int j = 0; j < k; ++j) before += ramp_weight(chunks, j);
-    const std::size_t first = nblocks * before / total;
-    const std::size_t last = nblocks * (before + ramp_weight(chunks, k)) / total;
-    range r = blocks_to_elements({first, last - first}, block, s.count);
-    r.begin += s.begin;
-    return r;
-  } else {
-    return piece(s, block, chunks, k);
-  }
+  const std::size_t nblocks = (s.count + block - 1) / block;
+  range b;
+  if constexpr (ramps_v<Schedule>)
+    b = ramp_blocks(nblocks, chunks, k);
+  else
+    b = split_blocks(nblocks, static_cast<std::size_t>(chunks), static_cast<std::size_t>(k));
+  range r = blocks_to_elements(b, block, s.count);
+  r.begin += s.begin;
+  return r;
 }
 
 }  // namespace lowbit::schedule

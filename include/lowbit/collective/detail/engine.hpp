@@ -223,8 +223,7 @@ class engine {
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
         if (p == rank_ && !Feedback::replicated) continue;
-        const schedule::range pc =
-            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
         const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k];
         if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
@@ -346,8 +345,7 @@ class engine {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_; ++p) {
-        const schedule::range pc =
-            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
         be_.template decode<Codec>(lane::compute,
                                    gather_.data() + gather_off_[k] + p * gather_slot_[k], pc.count,
@@ -384,6 +382,11 @@ class engine {
     be_.check_alive(who);
   }
 
+  /// Piece k of K of rank p's shard of a `count`-element tensor in blocks of B.
+  schedule::range shard_piece(std::size_t count, std::size_t B, int p, int K, int k) const {
+    return schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+  }
+
   /// Frame sizes and buffer offsets of every chunk and peer for `count` elements.
   template <class Codec>
   int plan(std::size_t count) {
@@ -391,16 +394,14 @@ class engine {
     const int K = schedule::num_chunks<Schedule>(count, B, P_);
     std::size_t send = 0, recv = 0, gather = 0;
     for (int k = 0; k < K; ++k) {
-      const schedule::range mine =
-          schedule::piece<Schedule>(schedule::shard(count, B, P_, rank_), B, K, k);
+      const schedule::range mine = shard_piece(count, B, rank_, K, k);
       const std::size_t stride = Codec::frame_bytes(mine.count);
       std::size_t slot = 0;
       recv_base_[k] = recv;
       recv_stride_[k] = stride;
       for (int p = 0; p < P_; ++p) {
         const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-        const schedule::range pc =
-            schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+        const schedule::range pc = shard_piece(count, B, p, K, k);
         const std::size_t fb = Codec::frame_bytes(pc.count);
         slot = std::max(slot, fb);
         send_off_[i] = send;
@@ -447,8 +448,7 @@ class engine {
     const std::size_t B = Codec::block_size;
     const auto fb = state_.worker_ref();
     const auto encode_piece = [&](int k, int p) {
-      const schedule::range pc =
-          schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+      const schedule::range pc = shard_piece(count, B, p, K, k);
       if (pc.count == 0) return;
       const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
       std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
