@@ -1,9 +1,10 @@
 // encode-probe: the encode kernel alone on 1 GiB of input, one GPU: median of 15
 // CUDA-event-timed launches after 3 warm-ups, for the codecs the collectives' default
 // configurations use, beside a device-to-device copy of the same size (the HBM ceiling,
-// read + write). Not installed: it explains the codec rows of docs/performance.md.
-// codec_bench (Google Benchmark) times the same kernels over more sizes and codecs; this
-// is the short single-size table those rows quote.
+// read + write); then the 4-bit decode and the one-shot all_reduce's decode-sum of two
+// frames into the same 1 GiB of bf16. Not installed: it explains the codec rows of
+// docs/performance.md. codec_bench (Google Benchmark) times the same kernels over more sizes and
+// codecs; this is the short single-size table those rows quote.
 //
 //   encode-probe
 #include <algorithm>
@@ -77,7 +78,19 @@ int main() {
   std::printf("copy 1 GiB        %.1f\n", timeit([&] {
                 LOWBIT_CUDA_TRY(cudaMemcpyAsync(r, x, n * 2, cudaMemcpyDeviceToDevice));
               }));
+  // The one-shot all_reduce's last pass on 2 ranks: two 4-bit frames summed into bf16.
+  const std::size_t stride = SR<4>::frame_bytes(n);
+  std::byte* two;
+  LOWBIT_CUDA_TRY(cudaMalloc(&two, 2 * stride));
+  lb::kernels::encode<SR<4>>(x, n, two, k, 0, none, nullptr);
+  lb::kernels::encode<SR<4>>(x, n, two + stride, k, 0, none, nullptr);
+  std::printf("decode 4b -> bf16  %.1f\n",
+              timeit([&] { lb::kernels::decode<SR<4>>(two, n, r, 1.0f, nullptr); }));
+  std::printf("decode-sum 2 x 4b  %.1f\n", timeit([&] {
+                lb::kernels::decode_accumulate<SR<4>>(two, stride, 2, n, r, 1.0f, nullptr);
+              }));
   LOWBIT_CUDA_TRY(cudaDeviceSynchronize());
+  cudaFree(two);
   cudaFree(x);
   cudaFree(r);
   cudaFree(fr);

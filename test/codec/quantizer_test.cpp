@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -242,4 +243,61 @@ TEST_CASE("frame size is a function of count alone, 16-byte aligned") {
   using C3 = codec<quant::minmax<3, 32>>;
   STATIC_REQUIRE(C3::frame_bytes(33) == 48);  // 16 meta + 24 codes, padded to 16
   for (std::size_t n = 0; n < 5000; n += 37) REQUIRE(C3::frame_bytes(n) % 16 == 0);
+}
+
+// absmax skips the clamp where it scales by 1/step (lowbit/codec/absmax.hpp): 1/step is
+// taken three floats low and the product rounded towards zero, so |x| <= absmax lands in
+// [-levels, levels]. Checked at the block's extremes, for absmax across the whole float
+// range, every width and both grids; where the step or its reciprocal is not a normal
+// float the encoder divides instead.
+template <class Q>
+void check_positions_in_range(std::mt19937_64& g) {
+  for (int i = 0; i < 20000; ++i) {
+    float amax;
+    do amax = detail::bits_float(static_cast<std::uint32_t>(g()) & 0x7fffffffu);
+    while (!(amax > 0.0f && amax <= FLT_MAX));
+    quant::block_stats s;
+    s.add(amax);
+    s.add(-amax);
+    const auto p = Q::make_params(Q::make_meta(s));
+    INFO(Q::bits << " bits, absmax " << amax << " step " << p.meta.step);
+    REQUIRE(p.meta.step == detail::fdiv(amax, Q::levels));
+    // A step that underflows to 0 codes the block as zeros, and needs no division.
+    REQUIRE(p.divide ==
+            !(p.meta.step == 0.0f || (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p126f)));
+    if (!p.divide && p.meta.step > 0.0f) {
+      REQUIRE(p.inv_step < 1.0 / p.meta.step);
+      REQUIRE(p.inv_step > (1.0 / p.meta.step) * (1 - 0x1p-21));  // a few floats at most
+      for (const float x : {amax, -amax, std::nextafter(amax, 0.0f)}) {
+        const float pos = detail::fmul_rz(x, p.inv_step);
+        REQUIRE(std::fabs(pos) <= Q::levels);
+      }
+    }
+  }
+}
+
+template <int... B>
+void check_positions_all_widths(std::integer_sequence<int, B...>) {
+  auto g = lowbit::test::rng(3);
+  (check_positions_in_range<quant::absmax<B + 1>>(g), ...);
+  (check_positions_in_range<quant::absmax<B + 1, 128, quant::grid::zero>>(g), ...);
+}
+
+TEST_CASE("absmax positions are in the grid without a clamp") {
+  check_positions_all_widths(std::make_integer_sequence<int, 16>{});
+}
+
+TEST_CASE("a poisoned block codes 0 and decodes to nan") {
+  using Q = quant::absmax<4>;
+  quant::block_stats s;
+  s.add(1.0f);
+  s.add(HUGE_VALF);
+  const auto m = Q::make_meta(s);
+  const auto p = Q::make_params(m);
+  REQUIRE(p.divide);
+  for (const float x : {1.0f, -0.5f, HUGE_VALF, -HUGE_VALF, std::nanf("")}) {
+    REQUIRE(Q::quantize<round::nearest>(x, p, 0) == 0u);
+    REQUIRE(Q::quantize<round::stochastic>(x, p, 0xffff) == 0u);
+  }
+  REQUIRE(std::isnan(Q::dequantize(0, m)));
 }

@@ -148,7 +148,7 @@ void check_small_index(float shift) {
     const float t = std::min(std::max(p, lo), hi);
     INFO("p " << p << " shift " << shift << " noise " << noise);
     REQUIRE(round::stochastic::index_small<Lo>(t, shift, noise) ==
-            round::stochastic::index<Lo, Hi>(p, shift, noise));
+            round::to_grid<round::stochastic, Lo, Hi>(p, shift, noise));
   }
 }
 

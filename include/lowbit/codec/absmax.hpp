@@ -1,6 +1,7 @@
 // Symmetric absmax integer quantizer: one fp32 step per block, b-bit codes.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -60,34 +61,61 @@ struct absmax {
     float step;  ///< grid step; nan when the block held inf or nan
   };
   /// What encoding needs, derived once per block from the meta.
-  using params_type = scaled_params<meta_type>;
+  ///
+  /// The scaling is bounded by construction, so that the encoder needs no clamp (two
+  /// instructions a value in the encode kernel): inv_step is 1/step rounded to nearest
+  /// and then three floats down, and x * inv_step is rounded towards zero. With u = 2^-24,
+  /// a normal step = absmax / levels rounded to nearest is >= (absmax / levels)(1 - u);
+  /// 1/step rounded is <= (1/step)(1 + u), and a float's ulp is at least u times it, so
+  /// inv_step <= (1/step)(1 + u)(1 - 3u); then |x| * inv_step <= levels (1 + u)(1 - 3u) /
+  /// (1 - u) < levels. The position is at most 4u (relative) short of x / step, far below
+  /// the 2^-16 of a step that stochastic rounding resolves. Steps outside
+  /// [FLT_MIN, max_scaled_step] (where the step or 1/step is subnormal, infinite or nan,
+  /// the last a poisoned block) divide and clamp instead.
+  struct params_type {
+    meta_type meta;
+    float inv_step = 0.0f;  ///< just below 1/step; 0 for an all-zero block
+    bool divide = false;    ///< divide by the step and clamp (see above)
+  };
+
+  /// The largest step encoded by the bounded scaling: 2^126, whose reciprocal is FLT_MIN.
+  static constexpr float max_scaled_step = 8.50705917302346158658e+37f;
 
   static constexpr int half_levels = 1 << (Bits - 1);
   static constexpr int qmax = half_levels - 1;
   static constexpr int qmin = zero_grid ? -(half_levels - 1) : -half_levels;
+  /// absmax / step: the outermost level's position, +-levels.
+  static constexpr float levels =
+      zero_grid ? static_cast<float>(half_levels - 1) : static_cast<float>(half_levels) - 0.5f;
 
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan()};
-    const float amax = s.absmax();
-    if constexpr (zero_grid) {
-      return {detail::fdiv(amax, static_cast<float>(half_levels - 1))};
-    } else {
-      return {detail::fdiv(amax, static_cast<float>(half_levels) - 0.5f)};
-    }
+    return {detail::fdiv(s.absmax(), levels)};
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
-    return make_scaled_params(m, m.step);
+    params_type p{m, 0.0f, false};
+    if (m.step >= FLT_MIN && m.step <= max_scaled_step) {
+      p.inv_step = detail::bits_float(detail::float_bits(detail::fdiv(1.0f, m.step)) - 3u);
+    } else {
+      p.divide = !(m.step == 0.0f);  // see max_scaled_step; nan: poisoned, coded 0 throughout
+    }
+    return p;
   }
 
-  /// The code of x; `noise` feeds stochastic rounding.
+  /// The code of x (|x| at most the block's absmax); `noise` feeds stochastic rounding.
   template <class Rounding>
   LOWBIT_HD static std::uint32_t quantize(float x, const params_type& p, std::uint32_t noise) {
     // Level q sits at (q + 1/2) * step on the full grid and at q * step on the zero
     // grid. Clamping before rounding equals clamping after it (the bounds are integers).
     constexpr float shift = zero_grid ? 0.0f : -0.5f;
-    return round::to_grid<Rounding, qmin, qmax>(p.scale(x, p.meta.step), shift, noise) +
-           static_cast<std::uint32_t>(qmin + half_levels);
+    constexpr auto offset = static_cast<std::uint32_t>(qmin + half_levels);
+    if (p.divide)
+      return round::to_grid<Rounding, qmin, qmax>(detail::fdiv(x, p.meta.step), shift, noise) +
+             offset;
+    return round::to_grid_in_range<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step), shift,
+                                                         noise) +
+           offset;
   }
 
   /// The value code stands for.

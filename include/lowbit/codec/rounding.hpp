@@ -6,11 +6,12 @@
 //                                             // for |t| <= 2^22
 //   template <int Lo, int Hi>
 //   uint32_t index(float p, float shift, uint32_t noise16);
-//                        // p + shift clamped to [Lo, Hi] and rounded, minus Lo
-// and the constants `needs_noise` and `name`. Quantizers call round::to_grid, which
-// uses R::index when R has one and builds it from R::apply otherwise: `index` exists so
-// that a policy can fuse the clamp, the rounding and the conversion to a code into a
-// few instructions of the encode kernel's inner loop.
+//                        // p + shift rounded, minus Lo, for p + shift in [Lo, Hi]
+// and the constants `needs_noise` and `name`. Quantizers call round::to_grid (which
+// clamps p + shift to [Lo, Hi] first) or, where the position is in range by
+// construction, round::to_grid_in_range; both use R::index when R has one and build it
+// from R::apply otherwise: `index` exists so that a policy can fuse the rounding and the
+// conversion to a code into a few instructions of the encode kernel's inner loop.
 #pragma once
 
 #include <cstdint>
@@ -27,15 +28,14 @@ struct nearest {
   static constexpr const char* name = "nearest";
   LOWBIT_HD static float apply(float t, std::uint32_t /*noise16*/) { return detail::rint_even(t); }
 
-  /// fadd(p, shift) clamped to [Lo, Hi], rounded to nearest even, minus Lo. The sum with
+  /// fadd(p, shift) (in [Lo, Hi]) rounded to nearest even, minus Lo. The sum with
   /// round_magic that rounds t already holds the integer in its low bits: reading them
   /// there saves rint_even's subtraction and int_of's second addition.
   template <int Lo, int Hi>
   LOWBIT_HD static std::uint32_t index(float p, float shift, std::uint32_t /*noise16*/) {
     static_assert(-(1 << 22) <= Lo && Lo < Hi && Hi <= (1 << 22),
                   "lowbit::round::nearest: the grid must lie in [-2^22, 2^22]");
-    const float t = detail::clamp_f(shift != 0.0f ? detail::fadd(p, shift) : p,
-                                    static_cast<float>(Lo), static_cast<float>(Hi));
+    const float t = shift != 0.0f ? detail::fadd(p, shift) : p;
     return detail::float_bits(detail::fadd(t, detail::round_magic)) -
            (detail::round_magic_bits + static_cast<std::uint32_t>(Lo));
   }
@@ -57,14 +57,12 @@ struct stochastic {
     return static_cast<float>((c >> 16) + up);  // >> floors: c is two's complement
   }
 
-  /// p + shift (shift a multiple of 1/2, |shift| <= 1; the sum taken exactly) clamped to
-  /// [Lo, Hi] and rounded as `apply` rounds, minus Lo.
+  /// p + shift (shift a multiple of 1/2, |shift| <= 1; the sum taken exactly, in
+  /// [Lo, Hi]) rounded as `apply` rounds, minus Lo.
   template <int Lo, int Hi>
-  LOWBIT_HD static std::uint32_t index(float p, float shift, std::uint32_t noise16) {
+  LOWBIT_HD static std::uint32_t index(float t, float shift, std::uint32_t noise16) {
     static_assert(-(1 << 15) <= Lo && Lo < Hi && Hi <= (1 << 16),
                   "lowbit::round::stochastic: the grid must lie in [-2^15, 2^16]");
-    const float t =
-        detail::clamp_f(p, static_cast<float>(Lo) - shift, static_cast<float>(Hi) - shift);
 #if LOWBIT_DEVICE_PASS
     if constexpr (Hi - Lo <= 128) {
       return index_small<Lo>(t, shift, noise16);
@@ -85,8 +83,8 @@ struct stochastic {
     return static_cast<std::uint32_t>((c + 0xffff - static_cast<std::int64_t>(noise16)) >> 16);
   }
 
-  /// `index` for a clamped t and a grid of at most 128 steps, in four instructions:
-  /// floats in [128, 256] are exactly the multiples of 2^-16, so adding
+  /// `index` for a grid of at most 128 steps: one upward-rounded add, one three-input
+  /// integer add and a shift. Floats in [128, 256] are exactly the multiples of 2^-16, so adding
   /// 128 + shift - Lo rounding upwards gives 128 + c / 2^16, and the float's bits minus
   /// 128's are c. The encode kernel runs this; the tests check it against the exact path.
   template <int Lo>
@@ -106,17 +104,28 @@ struct has_index<R, std::void_t<decltype(R::template index<0, 1>(0.0f, 0.0f, 0u)
     : std::true_type {};
 }  // namespace detail
 
-/// The code of position p on the integer grid [Lo, Hi]: p + shift clamped to [Lo, Hi],
-/// rounded by R, minus Lo (so in [0, Hi - Lo]). What the integer quantizers call.
+/// The code of position p on the integer grid [Lo, Hi] when p + shift is known to lie in
+/// [Lo, Hi] (a quantizer whose scaling bounds it): p + shift rounded by R, minus Lo (so
+/// in [0, Hi - Lo]).
 template <class R, int Lo, int Hi>
-LOWBIT_HD std::uint32_t to_grid(float p, float shift, std::uint32_t noise16) {
+LOWBIT_HD std::uint32_t to_grid_in_range(float p, float shift, std::uint32_t noise16) {
   if constexpr (detail::has_index<R>::value) {
     return R::template index<Lo, Hi>(p, shift, noise16);
   } else {  // a user policy with `apply` alone
-    const float t = lowbit::detail::clamp_f(shift != 0.0f ? lowbit::detail::fadd(p, shift) : p,
-                                            static_cast<float>(Lo), static_cast<float>(Hi));
+    const float t = shift != 0.0f ? lowbit::detail::fadd(p, shift) : p;
     return static_cast<std::uint32_t>(lowbit::detail::int_of(R::apply(t, noise16)) - Lo);
   }
+}
+
+/// The code of any position p on the integer grid [Lo, Hi]: p + shift clamped to
+/// [Lo, Hi] (nan to Lo), rounded by R, minus Lo. What the integer quantizers call.
+/// Clamping p to [Lo - shift, Hi - shift] first is the same clamp (shift is a multiple of
+/// 1/2, so both bounds are exact).
+template <class R, int Lo, int Hi>
+LOWBIT_HD std::uint32_t to_grid(float p, float shift, std::uint32_t noise16) {
+  const float t =
+      lowbit::detail::clamp_f(p, static_cast<float>(Lo) - shift, static_cast<float>(Hi) - shift);
+  return to_grid_in_range<R, Lo, Hi>(t, shift, noise16);
 }
 
 /// True for lowbit's rounding policies (a user policy specialises this).

@@ -113,6 +113,19 @@ LOWBIT_HD float fadd_ru(float a, float b) {
 #endif
 }
 
+/// a * b rounded towards zero (|result| <= |a * b|). The host takes the product in a
+/// double, where it is exact, and steps the nearest float back towards zero when it
+/// went past.
+LOWBIT_HD float fmul_rz(float a, float b) {
+#if LOWBIT_DEVICE_PASS
+  return __fmul_rz(a, b);
+#else
+  const double d = static_cast<double>(a) * static_cast<double>(b);
+  const float f = static_cast<float>(d);
+  return std::fabs(static_cast<double>(f)) > std::fabs(d) ? std::nextafter(f, 0.0f) : f;
+#endif
+}
+
 /// The smallest integer-valued float >= x (exact).
 LOWBIT_HD float ceil_f(float x) {
 #if LOWBIT_DEVICE_PASS

@@ -35,19 +35,24 @@ __device__ __forceinline__ void store_group_values(T* tile, std::size_t tile_n, 
   }
 }
 
-/// Decodes group `group` of a frame of `count` values into y (fp32, as the host does:
-/// Quantizer::dequantize per code).
+/// One group's packed codes and its block's meta, as loaded from a frame.
 template <class Codec>
-__device__ __forceinline__ void decode_group(const std::byte* frame, std::size_t codes_offset,
-                                             std::size_t group, float (&y)[32]) {
-  using meta_type = typename Codec::meta_type;
+struct packed_group {
   std::uint32_t words[Codec::bits];
-  load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
-  const meta_type m = load_meta<meta_type>(frame, group / Codec::groups_per_block);
-  std::uint32_t codes[32];
-  Codec::unpack(words, codes);
-  Codec::dequantize_group(codes, m, y);
-}
+  typename Codec::meta_type meta;
+
+  __device__ __forceinline__ void load(const std::byte* frame, std::size_t codes_offset,
+                                       std::size_t group) {
+    load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
+    meta = load_meta<typename Codec::meta_type>(frame, group / Codec::groups_per_block);
+  }
+  /// The group's values in fp32, as the host decodes them (Quantizer::dequantize per code).
+  __device__ __forceinline__ void decode(float (&y)[32]) const {
+    std::uint32_t codes[32];
+    Codec::unpack(words, codes);
+    Codec::dequantize_group(codes, meta, y);
+  }
+};
 
 /// CTAs per SM the decode kernel is compiled for. With 2-byte outputs ptxas used 79 (bf16)
 /// and 95 (fp16) registers, so 3 and 2 of the policy's 4 CTAs fit an SM; capped at 64 they
@@ -83,16 +88,30 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
     const std::size_t group = tile * 32 + lane;
     typename tile_t::row r;
     if (group * 32 < count) {
+      // Frame p + 1's group is loaded before frame p's is decoded, so a lane keeps a load
+      // in flight while it computes: 2^29 values from two bf16 4-bit frames, 486 -> 470 us.
+      packed_group<Codec> cur;
+      cur.load(frame, codes_offset, group);
       float y[32];
-      decode_group<Codec>(frame, codes_offset, group, y);
-      if (sum) {
+      if (sum && num_frames > 1) {
+        packed_group<Codec> next;
+        next.load(frame + frame_stride, codes_offset, group);
+        cur.decode(y);
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
         for (int p = 1; p < num_frames; ++p) {
+          cur = next;
+          if (p + 1 < num_frames) next.load(frame + (p + 1) * frame_stride, codes_offset, group);
           float z[32];
-          decode_group<Codec>(frame + p * frame_stride, codes_offset, group, z);
+          cur.decode(z);
           LOWBIT_UNROLL
           for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(y[i], z[i]);
+        }
+      } else {
+        cur.decode(y);
+        if (sum) {
+          LOWBIT_UNROLL
+          for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
         }
       }
       LOWBIT_UNROLL
