@@ -5,8 +5,8 @@
 //   sym_ag     the same on the backend's symmetric window_buffer (nccl_symmetric);
 //   lsa_push   the backend's lsa_transport: a kernel storing this rank's slot into every
 //              load/store-accessible peer's window between LSA barriers (peer_stores);
-//   ce_ag      sym_ag over the backend's zero-CTA split of the communicator, whose
-//              all-gathers run on copy engines within a node (copy_engines).
+//   ce_ag      sym_ag over the communicator's zero-CTA split (nccl_comm::zero_cta_split),
+//              whose all-gathers run on copy engines within a node (copy_engines).
 // Not installed: it explains lowbit-perf's figures and chooses transports.
 //
 //   mpirun -np 2 transport-probe [min_bytes max_bytes [ctas]]   (bytes sent to each peer)
@@ -19,7 +19,6 @@
 
 #include <lowbit/collective/detail/lsa_transport.cuh>
 #include <lowbit/collective/detail/window_buffer.cuh>
-#include <lowbit/collective/detail/zero_cta_comm.cuh>
 #include <lowbit/comm/mpi_bootstrap.hpp>
 
 #include "lowbit_perf/timing.hpp"
@@ -43,8 +42,8 @@ int main(int argc, char** argv) {
     const lowbit::detail::window_buffer win(c, hi * P, true);
     const lowbit::detail::lsa_transport lsa(c, ctas);
     char* sym = reinterpret_cast<char*>(win.data());
-    const lowbit::detail::zero_cta_comm ce(c);
-    const lowbit::detail::window_buffer ce_win(ce.enabled() ? ce.get() : c, hi * P, true);
+    ncclComm_t ce = comm.zero_cta_split();
+    const lowbit::detail::window_buffer ce_win(ce != nullptr ? ce : c, hi * P, true);
     char* ce_sym = reinterpret_cast<char*>(ce_win.data());
     cudaStream_t s;
     LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -54,8 +53,8 @@ int main(int argc, char** argv) {
           "sent to each peer; GB/s = bytes*(P-1)/t\n#%11s %12s %7s %12s %7s %12s %7s %12s %7s "
           "%12s %7s\n",
           P, lsa.enabled() ? "on" : "off (no load/store access)", ctas,
-          ce.enabled() ? "on" : "off (NCCL < 2.28)", "bytes", "sendrecv_us", "GB/s", "allgather_us",
-          "GB/s", "sym_ag_us", "GB/s", "lsa_push_us", "GB/s", "ce_ag_us", "GB/s");
+          ce != nullptr ? "on" : "off (NCCL < 2.28)", "bytes", "sendrecv_us", "GB/s",
+          "allgather_us", "GB/s", "sym_ag_us", "GB/s", "lsa_push_us", "GB/s", "ce_ag_us", "GB/s");
     for (std::size_t b = lo; b <= hi; b *= 4) {
       const auto sendrecv = [&](cudaStream_t st) {
         LOWBIT_NCCL_TRY(ncclGroupStart());
@@ -74,14 +73,15 @@ int main(int argc, char** argv) {
       };
       const auto push = [&](cudaStream_t st) { lsa.allgather(win, 0, b, st); };
       const auto ce_allgather = [&](cudaStream_t st) {
-        LOWBIT_NCCL_TRY(ncclAllGather(ce_sym + rank * b, ce_sym, b, ncclUint8, ce.get(), st));
+        LOWBIT_NCCL_TRY(ncclAllGather(ce_sym + rank * b, ce_sym, b, ncclUint8, ce, st));
       };
       const int iters = b >= (64u << 20) ? 10 : 20;
       const double t1 = lowbit_perf::time_median_us(sendrecv, s, 3, iters);
       const double t2 = lowbit_perf::time_median_us(allgather, s, 3, iters);
       const double t3 = lowbit_perf::time_median_us(sym_allgather, s, 3, iters);
       const double t4 = lsa.enabled() ? lowbit_perf::time_median_us(push, s, 3, iters) : 0.0;
-      const double t5 = ce.enabled() ? lowbit_perf::time_median_us(ce_allgather, s, 3, iters) : 0.0;
+      const double t5 =
+          ce != nullptr ? lowbit_perf::time_median_us(ce_allgather, s, 3, iters) : 0.0;
       const double moved = double(b) * (P - 1);
       const auto rate = [&](double t) { return t > 0 ? moved / t / 1e3 : 0.0; };
       if (rank == 0)

@@ -289,6 +289,55 @@ TEST_CASE("below the crossover each collective is the plain NCCL collective, bit
   }
 }
 
+TEST_CASE("collectives on one communicator share its zero-CTA split and peer probe") {
+  using C4 = codec<quant::absmax<4, 128>, round::stochastic>;
+  using C8 = codec<quant::absmax<8, 256>, round::stochastic>;
+  const std::size_t count = std::size_t{1} << 16;
+  const inputs<float> in(input_kind::normal, count, 91);
+  collective_options o;
+  o.seed = shared_seed();
+  comm::nccl_comm c = comm::nccl_comm_from_mpi(MPI_COMM_WORLD);
+  {
+    // Automatic at 4 bits (a probe, no device communicator kept) and at 8 bits (peer
+    // stores), then copy engines asked for: one split, made by the first that needs it.
+    lowbit::all_reduce<float, C4, feedback::none, schedule::pipelined<4, 1>, backend::nccl> a4(
+        c, count, o);
+    lowbit::all_reduce<float, C8, feedback::none, schedule::flat, backend::nccl> a8(c, count, o);
+    const ncclComm_t first = c.zero_cta_split();
+    collective_options ce = o;
+    ce.transport = frame_transport::copy_engines;
+    lowbit::all_gather<float, C4, schedule::pipelined<4, 1>, backend::nccl> ag(c, count, ce);
+    using rs_type =
+        lowbit::reduce_scatter<float, C4, feedback::none, schedule::flat, backend::nccl>;
+    rs_type rs(c, count, o);
+    CHECK(c.zero_cta_split() == first);
+    CHECK((first != nullptr) == (LOWBIT_HAS_NCCL_ZERO_CTA != 0));
+    CHECK(a4.transport() == rs.transport());
+    if (first != nullptr) CHECK(ag.transport() == frame_transport::copy_engines);
+    // The probe ran once, for a4; a8 and rs took its answer.
+    bool probed_again = false;
+    const bool mapped = c.peers_mapped([&](ncclComm_t) {
+      probed_again = true;
+      return false;
+    });
+    if (LOWBIT_HAS_NCCL_WINDOWS) CHECK_FALSE(probed_again);
+    if (first != nullptr) CHECK(mapped == (a4.transport() == frame_transport::copy_engines));
+    // The shared split carries ag's all-gathers, every one on the copy engines: its
+    // output matches the host backend's bit for bit.
+    using host_type = lowbit::all_gather<float, C4, schedule::pipelined<4, 1>, backend::mpi>;
+    host_type host(host_comm(), count, o);
+    dvec<float> din(in.mine()), dout(count);
+    std::vector<float> x(count), y(count);
+    ag(din.p, dout.p, count, g_stream);
+    c.sync(g_stream);
+    dout.to(x);
+    host(in.mine().data(), y.data(), count);
+    CHECK(std::memcmp(x.data(), y.data(), count * sizeof(float)) == 0);
+    // Leaving: the collectives deregister their windows from the split, then `c` destroys
+    // the split before its own handle. Neither may hang.
+  }
+}
+
 TEST_CASE("calibrate_crossover agrees on every rank and restores the collective's state") {
   using C4 = codec<quant::absmax<4, 128>, round::stochastic>;
   const std::size_t max_count = std::size_t{1} << 22;

@@ -40,6 +40,18 @@ TEST_CASE("nccl_comm: rank and size come from NCCL; borrowed handles survive the
   cudaStreamDestroy(st);
 }
 
+TEST_CASE("nccl_comm: one zero-CTA split, carried by moves, aborted with the communicator") {
+  comm::nccl_comm c = comm::nccl_comm_from_mpi(MPI_COMM_WORLD);
+  const ncclComm_t split = c.zero_cta_split();  // collective: every rank makes it
+  CHECK((split != nullptr) == (LOWBIT_HAS_NCCL_ZERO_CTA != 0));
+  CHECK(c.zero_cta_split() == split);
+  comm::nccl_comm moved(std::move(c));
+  CHECK(moved.zero_cta_split() == split);
+  CHECK_THROWS_AS(c.zero_cta_split(), lowbit::invalid_argument);
+  moved.abort();  // the split, then the parent; the destructor frees neither again
+  CHECK_THROWS_AS(moved.zero_cta_split(), lowbit::invalid_argument);
+}
+
 TEST_CASE("an empty or aborted communicator is refused before any byte is sent") {
   using C = codec<quant::absmax<4>>;
   comm::nccl_comm empty;

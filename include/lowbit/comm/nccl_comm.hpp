@@ -1,17 +1,22 @@
 // A wrapper around a raw ncclComm_t (RAFT comms style): borrowed by default, owned on
 // request; a stream sync that polls NCCL's asynchronous error and aborts the
-// communicator instead of hanging.
+// communicator instead of hanging. It also holds what every collective on the
+// communicator shares: its zero-CTA split and whether the peers' memory is mapped, each
+// made once, since both are collective and slow (one per collective made constructing a
+// few dozen of them several times slower).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 
+#include "lowbit/comm/zero_cta_comm.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 
@@ -41,6 +46,10 @@ enum class ownership { borrowed, owned };
 /// ownership::owned the destructor calls ncclCommDestroy (ncclCommAbort after an
 /// error). Destroy CUDA graph execs that captured work on a communicator before
 /// destroying it: ncclCommDestroy waits for that work and can hang. Move-only.
+///
+/// Threading: the calls that create its shared state (zero_cta_split(), peers_mapped(),
+/// and so the collectives' constructors) are collective and unsynchronized: make them from
+/// one host thread per rank, in the same order on every rank.
 class nccl_comm {
  public:
   /// An empty communicator (size 0): collectives refuse it.
@@ -98,10 +107,37 @@ class nccl_comm {
                        ncclGetErrorString(e) + ")");
   }
 
-  /// Aborts the communicator: pending NCCL work is cancelled and the handle freed (a
-  /// borrowed one too: it is unusable after an error anyway). Idempotent.
+  /// The communicator's zero-CTA split (ncclCommSplit with NCCL_CTA_POLICY_ZERO, NCCL
+  /// 2.28 and later): all-gathers between buffers of a symmetric window registered with it
+  /// run on the copy engines within a node (frame_transport::copy_engines). Null where the
+  /// NCCL headers have no CTA policies. The first call makes it, collectively over the
+  /// communicator (every rank calls it); later calls return the same handle, so every
+  /// collective on this communicator shares it. Owned by this object whether or not the
+  /// parent is: destroyed before the parent handle, aborted with it by abort(). Throws
+  /// lowbit::invalid_argument where check() would, lowbit::nccl_error when the split fails.
+  ncclComm_t zero_cta_split() const {
+    check("nccl_comm::zero_cta_split");
+    if (!split_.enabled()) split_ = detail::zero_cta_comm(comm_);
+    return split_.get();
+  }
+
+  /// Whether every peer's memory is mapped into this rank's address space (NVLink or PCIe
+  /// P2P), as `probe(get())` answers it (a callable returning bool): the first call runs
+  /// its probe, later calls return that answer without running theirs. lowbit's NCCL
+  /// backend probes by creating an NCCL device communicator, which is collective, so every
+  /// rank must make the first call alike; caching it spares the next collectives that cost.
+  template <class Probe>
+  bool peers_mapped(Probe&& probe) const {
+    if (!peers_mapped_.has_value()) peers_mapped_ = static_cast<bool>(probe(comm_));
+    return *peers_mapped_;
+  }
+
+  /// Aborts the communicator, its zero-CTA split first: pending NCCL work is cancelled and
+  /// the handles freed (a borrowed one too: it is unusable after an error anyway).
+  /// Idempotent.
   void abort() noexcept {
     if (comm_ != nullptr && !aborted_) {
+      split_.abort();
       ncclCommAbort(comm_);
       aborted_ = true;
     }
@@ -139,6 +175,8 @@ class nccl_comm {
 
  private:
   void release() noexcept {
+    split_ = detail::zero_cta_comm();  // before its parent; abort() already freed it
+    peers_mapped_.reset();
     if (comm_ != nullptr && owns_ && !aborted_) LOWBIT_NCCL_TRY_NO_THROW(ncclCommDestroy(comm_));
     comm_ = nullptr;
     rank_ = size_ = 0;
@@ -150,6 +188,8 @@ class nccl_comm {
     std::swap(size_, o.size_);
     std::swap(owns_, o.owns_);
     std::swap(aborted_, o.aborted_);
+    std::swap(split_, o.split_);
+    std::swap(peers_mapped_, o.peers_mapped_);
   }
 
   ncclComm_t comm_ = nullptr;
@@ -157,6 +197,8 @@ class nccl_comm {
   int size_ = 0;
   bool owns_ = false;
   bool aborted_ = false;
+  mutable detail::zero_cta_comm split_;       ///< made by the first zero_cta_split()
+  mutable std::optional<bool> peers_mapped_;  ///< answered by the first peers_mapped()
 };
 
 }  // namespace lowbit::comm

@@ -19,7 +19,6 @@
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/lsa_transport.cuh"
 #include "lowbit/collective/detail/window_buffer.cuh"
-#include "lowbit/collective/detail/zero_cta_comm.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
@@ -89,28 +88,35 @@ struct backend_impl<backend::nccl> {
   static constexpr std::size_t copy_engine_min_bytes_alone = std::size_t{32} << 20;
   /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
   /// `widest_bits` bits. Collective over the communicator unless `t` is
-  /// frame_transport::nccl (window registration, communicator split, device-communicator
-  /// creation).
+  /// frame_transport::nccl (window registration, device-communicator creation, and the
+  /// communicator's split and peer probe the first time a collective on it asks).
   void set_transport(frame_transport t, int widest_bits) {
     symmetric_ = LOWBIT_HAS_NCCL_WINDOWS && t != frame_transport::nccl && comm_->size() > 1;
     if (!symmetric_) return;
     min_store_bits_ = t == frame_transport::peer_stores ? 0 : peer_store_min_bits;
-    if (t == frame_transport::peer_stores || t == frame_transport::automatic)
-      lsa_ = lsa_transport(comm_->get());
-    // automatic: copy engines only where the peers' memory is mapped (NVLink or PCIe
-    // P2P, which lsa_transport found); without it NCCL has no copy-engine path.
-    if (t == frame_transport::copy_engines || (t == frame_transport::automatic && lsa_.enabled())) {
-      ce_ = zero_cta_comm(comm_->get());
+    // A device communicator only where some all-gather would store to the peers.
+    const bool stores = (t == frame_transport::peer_stores || t == frame_transport::automatic) &&
+                        widest_bits >= min_store_bits_;
+    if (stores) lsa_ = lsa_transport(comm_->get());
+    // automatic: copy engines only where the peers' memory is mapped (NVLink or PCIe P2P);
+    // without it NCCL has no copy-engine path. The communicator answers that once, from
+    // whether a device communicator could be made (lsa_ when this object made one), and
+    // the split is the communicator's too: the next collectives on it pay for neither.
+    const auto mapped = [&] {
+      return comm_->peers_mapped(
+          [&](ncclComm_t c) { return stores ? lsa_.enabled() : lsa_transport(c).enabled(); });
+    };
+    if (t == frame_transport::copy_engines || (t == frame_transport::automatic && mapped())) {
+      ce_ = comm_->zero_cta_split();
       const bool always = t == frame_transport::copy_engines;
       ce_min_bytes_ = always ? 0 : copy_engine_min_bytes();
       ce_min_alone_bytes_ = always ? 0 : copy_engine_min_bytes_alone;
     }
-    if (widest_bits < min_store_bits_) lsa_ = lsa_transport();  // no all-gather would use it
   }
   /// The transport of the largest all-gathers of the widest codes: copy_engines only where
   /// NCCL has CTA policies, peer_stores only where every peer is load/store accessible.
   frame_transport transport() const noexcept {
-    return ce_.enabled()    ? frame_transport::copy_engines
+    return ce_ != nullptr   ? frame_transport::copy_engines
            : lsa_.enabled() ? frame_transport::peer_stores
            : symmetric_     ? frame_transport::nccl_symmetric
                             : frame_transport::nccl;
@@ -118,7 +124,7 @@ struct backend_impl<backend::nccl> {
   /// Collective over the communicator with a symmetric transport (window registration,
   /// with the zero-CTA split too when there is one).
   transfer_buffer make_transfer_buffer(std::size_t bytes) const {
-    return window_buffer(comm_->get(), bytes, symmetric_, ce_.get());
+    return window_buffer(comm_->get(), bytes, symmetric_, ce_);
   }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
@@ -209,13 +215,12 @@ struct backend_impl<backend::nccl> {
                  int bits) {
     if (comm_->size() == 1) return;
     const bool stores = lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_;
-    const bool engines = ce_.enabled() && buf.symmetric() &&
+    const bool engines = ce_ != nullptr && buf.symmetric() &&
                          slot_bytes >= (overlap_ && !stores ? ce_min_bytes_ : ce_min_alone_bytes_);
     if (stores && !engines) return lsa_.allgather(buf, offset, slot_bytes, stream(l));
     std::byte* base = buf.data() + offset;
     LOWBIT_NCCL_TRY(ncclAllGather(base + static_cast<std::size_t>(comm_->rank()) * slot_bytes, base,
-                                  slot_bytes, ncclUint8, engines ? ce_.get() : comm_->get(),
-                                  stream(l)));
+                                  slot_bytes, ncclUint8, engines ? ce_ : comm_->get(), stream(l)));
   }
 
   // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
@@ -265,8 +270,8 @@ struct backend_impl<backend::nccl> {
   bool symmetric_ = false;                    ///< transfer buffers are symmetric NCCL windows
   int min_store_bits_ = peer_store_min_bits;  ///< peer stores for codes at least this wide
   lsa_transport lsa_;                         ///< enabled: such all-gathers are peer stores
-  zero_cta_comm ce_;              ///< enabled: all-gathers of large slots go here (copy engines)
-  std::size_t ce_min_bytes_ = 0;  ///< ... in a pipelined call, against NCCL kernels
+  ncclComm_t ce_ = nullptr;             ///< non-null: large all-gathers go to this zero-CTA split
+  std::size_t ce_min_bytes_ = 0;        ///< ... in a pipelined call, against NCCL kernels
   std::size_t ce_min_alone_bytes_ = 0;  ///< ... against peer stores or in a one-chunk call
   unique_stream side_;
   std::vector<unique_event> events_;

@@ -2,7 +2,8 @@
 // communicator with config.CTAPolicy = NCCL_CTA_POLICY_ZERO (NCCL >= 2.28). On one node,
 // an all-gather between buffers of a symmetric window registered with it is carried out
 // by the GPUs' copy engines instead of an NCCL kernel, so it takes no SM from the codec
-// kernels that run beside it (frame_transport::copy_engines).
+// kernels that run beside it (frame_transport::copy_engines). One per communicator:
+// nccl_comm::zero_cta_split() creates it on first use and every collective shares it.
 #pragma once
 
 #include <nccl.h>
@@ -21,7 +22,8 @@
 namespace lowbit::detail {
 
 /// Owns the zero-CTA split of a communicator, or nothing (enabled() false) when the NCCL
-/// headers predate CTA policies. Creation is collective over the parent. Move-only.
+/// headers predate CTA policies. Creation is collective over the parent. Move-only; the
+/// owner destroys (or aborts) it before the parent.
 class zero_cta_comm {
  public:
   zero_cta_comm() = default;
@@ -57,6 +59,12 @@ class zero_cta_comm {
   /// The split communicator (null unless enabled()).
   ncclComm_t get() const noexcept { return comm_; }
   bool enabled() const noexcept { return comm_ != nullptr; }
+
+  /// Aborts the split (ncclCommAbort) and forgets it: for when its parent is aborted.
+  void abort() noexcept {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
 
  private:
   void release() noexcept {
