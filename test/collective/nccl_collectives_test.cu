@@ -252,7 +252,10 @@ TEST_CASE("a call captured in a CUDA graph replays the eager result") {
 TEST_CASE("below the crossover each collective is the plain NCCL collective, bit for bit") {
   using C4 = codec<quant::absmax<4, 128>>;
   using T = __nv_bfloat16;
-  const std::size_t count = 5000 + 37;  // uneven block-aligned shards
+  // Uneven block-aligned shards (grouped per-owner calls), then equal ones (NCCL's own
+  // reduce_scatter and all_gather).
+  const std::size_t count = GENERATE(std::size_t{5000 + 37},
+                                     std::size_t{128} * 3 * static_cast<std::size_t>(world_size()));
   const inputs<T> in(input_kind::normal, count, 71);
   collective_options o;
   o.crossover_bytes = count * sizeof(T) + 1;  // this call is below it
