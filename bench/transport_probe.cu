@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     ncclComm_t c = comm.get();
     // The NCCL backend's own symmetric workspace and peer-store all-gather.
     const lowbit::detail::window_buffer win(c, hi * P, true);
-    const lowbit::detail::lsa_transport lsa(c, ctas);
+    const lowbit::detail::lsa_transport lsa(c, nullptr, ctas);
     char* sym = reinterpret_cast<char*>(win.data());
     ncclComm_t ce = comm.zero_cta_split();
     const lowbit::detail::window_buffer ce_win(ce != nullptr ? ce : c, hi * P, true);

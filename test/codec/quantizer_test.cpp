@@ -264,7 +264,7 @@ void check_positions_in_range(std::mt19937_64& g) {
     REQUIRE(p.meta.step == detail::fdiv(amax, Q::levels));
     // A step that underflows to 0 codes the block as zeros, and needs no division.
     REQUIRE(p.divide ==
-            !(p.meta.step == 0.0f || (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p126f)));
+            !(p.meta.step == 0.0f || (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p125f)));
     if (!p.divide && p.meta.step > 0.0f) {
       REQUIRE(p.inv_step < 1.0 / p.meta.step);
       REQUIRE(p.inv_step > (1.0 / p.meta.step) * (1 - 0x1p-21));  // a few floats at most

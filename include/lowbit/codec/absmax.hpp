@@ -68,18 +68,22 @@ struct absmax {
   /// a normal step = absmax / levels rounded to nearest is >= (absmax / levels)(1 - u);
   /// 1/step rounded is <= (1/step)(1 + u), and a float's ulp is at least u times it, so
   /// inv_step <= (1/step)(1 + u)(1 - 3u); then |x| * inv_step <= levels (1 + u)(1 - 3u) /
-  /// (1 - u) < levels. The position is at most 4u (relative) short of x / step, far below
-  /// the 2^-16 of a step that stochastic rounding resolves. Steps outside
-  /// [FLT_MIN, max_scaled_step] (where the step or 1/step is subnormal, infinite or nan,
-  /// the last a poisoned block) divide and clamp instead.
+  /// (1 - u) < levels. The price is a position up to 8u (relative) short of x / step:
+  /// at most 8u * levels of a step at the grid's ends, below the 2^-16 of a step that
+  /// stochastic rounding resolves up to 6 bits and 0.016 of a step at 16 bits; under
+  /// 5e-7 of the value at every width. Steps outside [FLT_MIN, max_scaled_step] (where
+  /// the step or the reciprocal is subnormal, infinite or nan, the last a poisoned block)
+  /// divide and clamp instead.
   struct params_type {
     meta_type meta;
     float inv_step = 0.0f;  ///< just below 1/step; 0 for an all-zero block
     bool divide = false;    ///< divide by the step and clamp (see above)
   };
 
-  /// The largest step encoded by the bounded scaling: 2^126, whose reciprocal is FLT_MIN.
-  static constexpr float max_scaled_step = 8.50705917302346158658e+37f;
+  /// The largest step encoded by the bounded scaling: 2^125, whose reciprocal three floats
+  /// down is still a normal float (above FLT_MIN = 2^-126), so flushing subnormals to zero
+  /// (--use_fast_math) cannot zero it.
+  static constexpr float max_scaled_step = 4.25352958651173079329e+37f;
 
   static constexpr int half_levels = 1 << (Bits - 1);
   static constexpr int qmax = half_levels - 1;
@@ -98,7 +102,7 @@ struct absmax {
     if (m.step >= FLT_MIN && m.step <= max_scaled_step) {
       p.inv_step = detail::bits_float(detail::float_bits(detail::fdiv(1.0f, m.step)) - 3u);
     } else {
-      p.divide = !(m.step == 0.0f);  // see max_scaled_step; nan: poisoned, coded 0 throughout
+      p.divide = !(m.step == 0.0f);  // see max_scaled_step; nan: poisoned, coded Lo throughout
     }
     return p;
   }

@@ -37,7 +37,8 @@ class reduce_scatter : public detail::collective_base<Backend, T, Feedback, Sche
   }
 
   /// Reduces in[0, count) over the ranks; out[0, shard(count).count) gets my shard.
-  /// `out` may alias `in` (e.g. out = in + shard(count).begin).
+  /// `out` may alias `in` only in place, as out = in + shard(count).begin (what NCCL's own
+  /// in-place reduce_scatter is, below the crossover); other overlaps are undefined.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
     this->engine_.template reduce_scatter<Codec>(in, out, count, stream, "lowbit::reduce_scatter");
   }

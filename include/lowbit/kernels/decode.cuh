@@ -88,20 +88,28 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
     const std::size_t group = tile * 32 + lane;
     typename tile_t::row r;
     if (group * 32 < count) {
-      // Frame p + 1's group is loaded before frame p's is decoded, so a lane keeps a load
-      // in flight while it computes: 2^29 values from two bf16 4-bit frames, 486 -> 470 us.
+      // Up to 4 bits, frame p + 1's group is loaded before frame p's is decoded, so a lane
+      // keeps a load in flight while it computes: 2^29 values from two bf16 4-bit frames,
+      // 486 -> 470 us. Wider codes would spill under the 2-byte outputs' register cap (36
+      // bytes at 8 bits), so they load each frame as they decode it.
+      constexpr bool prefetch = Codec::bits <= 4;
       packed_group<Codec> cur;
       cur.load(frame, codes_offset, group);
       float y[32];
       if (sum && num_frames > 1) {
         packed_group<Codec> next;
-        next.load(frame + frame_stride, codes_offset, group);
+        if constexpr (prefetch) next.load(frame + frame_stride, codes_offset, group);
         cur.decode(y);
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
         for (int p = 1; p < num_frames; ++p) {
-          cur = next;
-          if (p + 1 < num_frames) next.load(frame + (p + 1) * frame_stride, codes_offset, group);
+          const std::byte* following = frame + static_cast<std::size_t>(p + 1) * frame_stride;
+          if constexpr (prefetch) {
+            cur = next;
+            if (p + 1 < num_frames) next.load(following, codes_offset, group);
+          } else {
+            cur.load(frame + static_cast<std::size_t>(p) * frame_stride, codes_offset, group);
+          }
           float z[32];
           cur.decode(z);
           LOWBIT_UNROLL

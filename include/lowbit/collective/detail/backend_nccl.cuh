@@ -97,7 +97,7 @@ struct backend_impl<backend::nccl> {
     // A device communicator only where some all-gather would store to the peers.
     const bool stores = (t == frame_transport::peer_stores || t == frame_transport::automatic) &&
                         widest_bits >= min_store_bits_;
-    if (stores) lsa_ = lsa_transport(comm_->get());
+    if (stores) lsa_ = lsa_transport(comm_->get(), comm_);
     // automatic: copy engines only where the peers' memory is mapped (NVLink or PCIe P2P);
     // without it NCCL has no copy-engine path. The communicator answers that once, from
     // whether a device communicator could be made (lsa_ when this object made one), and
@@ -124,7 +124,7 @@ struct backend_impl<backend::nccl> {
   /// Collective over the communicator with a symmetric transport (window registration,
   /// with the zero-CTA split too when there is one).
   transfer_buffer make_transfer_buffer(std::size_t bytes) const {
-    return window_buffer(comm_->get(), bytes, symmetric_, ce_);
+    return window_buffer(comm_->get(), bytes, symmetric_, ce_, comm_);
   }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }

@@ -76,12 +76,16 @@ __global__ void __launch_bounds__(Threads)
 /// A device communicator with one LSA barrier per push CTA, when every rank of `comm` is
 /// load/store accessible from this one (one NVLink domain) and NCCL has the device API;
 /// disabled otherwise (PCIe without P2P, sockets, older NCCL), where the backend uses
-/// ncclAllGather. Creation and destruction are collective. Move-only.
+/// ncclAllGather. Creation and destruction are collective. `owner`, when given, is the
+/// nccl_comm that `comm` belongs to: once it is aborted the destructor drops the device
+/// communicator without destroying it (ncclCommAbort freed its parent). Move-only.
 class lsa_transport {
  public:
   lsa_transport() = default;
   /// `ctas`: CTAs of the push kernel, one LSA barrier each (default_ctas()).
-  explicit lsa_transport(ncclComm_t comm, int ctas = default_ctas()) {
+  explicit lsa_transport(ncclComm_t comm, const comm::nccl_comm* owner = nullptr,
+                         int ctas = default_ctas())
+      : owner_(owner) {
 #if LOWBIT_HAS_NCCL_LSA
     int P = 0, rank = 0;
     LOWBIT_NCCL_TRY(ncclCommCount(comm, &P));
@@ -142,19 +146,22 @@ class lsa_transport {
   void swap(lsa_transport& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(ctas_, o.ctas_);
+    std::swap(owner_, o.owner_);
 #if LOWBIT_HAS_NCCL_LSA
     std::swap(dev_, o.dev_);
 #endif
   }
   void release() noexcept {
 #if LOWBIT_HAS_NCCL_LSA
-    if (comm_ != nullptr) LOWBIT_NCCL_TRY_NO_THROW(ncclDevCommDestroy(comm_, &dev_));
+    if (comm_ != nullptr && !(owner_ != nullptr && owner_->aborted()))
+      LOWBIT_NCCL_TRY_NO_THROW(ncclDevCommDestroy(comm_, &dev_));
 #endif
     comm_ = nullptr;
   }
 
   ncclComm_t comm_ = nullptr;  ///< set while dev_ is a live device communicator
   int ctas_ = 0;
+  const comm::nccl_comm* owner_ = nullptr;  ///< aborted: skip the destruction
 #if LOWBIT_HAS_NCCL_LSA
   ncclDevComm dev_{};
 #endif

@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
 
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 22700
@@ -26,12 +27,15 @@ namespace lowbit::detail {
 /// `bytes` zeroed device bytes, registered with `comm` as a symmetric NCCL window when
 /// asked and the NCCL headers have windows (plain cudaMalloc memory otherwise), and also
 /// with `also` when given (the zero-CTA split whose all-gathers run on copy engines).
-/// Move-only.
+/// `owner`, when given, is the nccl_comm both belong to: once it is aborted the release
+/// drops the registrations without deregistering, since ncclCommAbort freed both
+/// communicators. Move-only.
 class window_buffer {
  public:
   window_buffer() = default;
-  window_buffer(ncclComm_t comm, std::size_t bytes, bool symmetric, ncclComm_t also = nullptr)
-      : size_(bytes) {
+  window_buffer(ncclComm_t comm, std::size_t bytes, bool symmetric, ncclComm_t also = nullptr,
+                const comm::nccl_comm* owner = nullptr)
+      : size_(bytes), owner_(owner) {
     if (bytes == 0) return;
 #if LOWBIT_HAS_NCCL_WINDOWS
     if (symmetric) {
@@ -101,12 +105,14 @@ class window_buffer {
     std::swap(size_, o.size_);
     std::swap(reg_, o.reg_);
     std::swap(nccl_mem_, o.nccl_mem_);
+    std::swap(owner_, o.owner_);
   }
   void release() noexcept {
 #if LOWBIT_HAS_NCCL_WINDOWS
     if (nccl_mem_) {
+      const bool aborted = owner_ != nullptr && owner_->aborted();
       for (registration& r : reg_)
-        if (r.comm != nullptr && r.window != nullptr)
+        if (r.comm != nullptr && r.window != nullptr && !aborted)
           LOWBIT_NCCL_TRY_NO_THROW(ncclCommWindowDeregister(r.comm, r.window));
       LOWBIT_NCCL_TRY_NO_THROW(ncclMemFree(data_));
       data_ = nullptr;
@@ -123,6 +129,7 @@ class window_buffer {
   std::size_t size_ = 0;
   registration reg_[2];    ///< [0] the backend's communicator, [1] its zero-CTA split
   bool nccl_mem_ = false;  ///< data_ came from ncclMemAlloc
+  const comm::nccl_comm* owner_ = nullptr;  ///< aborted: skip the deregistration
 };
 
 }  // namespace lowbit::detail
