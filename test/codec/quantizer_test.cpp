@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -261,7 +262,7 @@ void check_positions_in_range(std::mt19937_64& g) {
     s.add(-amax);
     const auto p = Q::make_params(Q::make_meta(s));
     INFO(Q::bits << " bits, absmax " << amax << " step " << p.meta.step);
-    REQUIRE(p.meta.step == detail::fdiv(amax, Q::levels));
+    REQUIRE(p.meta.step == std::min(detail::fdiv(amax, Q::levels), FLT_MAX));
     // A step that underflows to 0 codes the block as zeros, and needs no division.
     REQUIRE(p.divide ==
             !(p.meta.step == 0.0f || (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p125f)));
@@ -300,4 +301,22 @@ TEST_CASE("a poisoned block codes 0 and decodes to nan") {
     REQUIRE(Q::quantize<round::stochastic>(x, p, 0xffff) == 0u);
   }
   REQUIRE(std::isnan(Q::dequantize(0, m)));
+}
+
+TEST_CASE("1 bit keeps values above FLT_MAX / 2 finite") {
+  // Their step, 2 * absmax, would overflow to inf and decode every value to +-inf.
+  const std::vector<float> x = {3e38f, -2e38f, 1.0f, -FLT_MAX, 0.0f, 2.5e38f};
+  auto check = [&](auto codec_tag) {
+    using C = decltype(codec_tag);
+    const auto r = roundtrip<C>(x);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      INFO(C::rounding_type::name << " x " << x[i] << " y " << r.y[i]);
+      REQUIRE(std::isfinite(r.y[i]));
+      REQUIRE(std::fabs(static_cast<double>(r.y[i]) - x[i]) <= FLT_MAX);  // one step
+      if (std::fabs(x[i]) >= FLT_MAX / 2)  // beyond the outer levels: no rounding choice
+        REQUIRE(std::signbit(r.y[i]) == std::signbit(x[i]));
+    }
+  };
+  check(codec<quant::absmax<1>>{});
+  check(codec<quant::absmax<1>, round::stochastic>{});
 }

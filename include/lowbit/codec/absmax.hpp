@@ -94,7 +94,10 @@ struct absmax {
 
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan()};
-    return {detail::fdiv(s.absmax(), levels)};
+    // Only 1 bit (levels 1/2) can overflow, for absmax above FLT_MAX / 2: FLT_MAX keeps
+    // the decoded values finite (+-FLT_MAX / 2, still within a step of every input).
+    const float step = detail::fdiv(s.absmax(), levels);
+    return {step <= FLT_MAX ? step : FLT_MAX};
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
