@@ -117,3 +117,17 @@ TEST_CASE("schedule policies are recognised") {
   STATIC_REQUIRE_FALSE(schedule::ramps_v<schedule::pipelined<>>);
   STATIC_REQUIRE_FALSE(schedule::is_schedule_policy_v<int>);
 }
+
+TEST_CASE("equal_shard is the shard size exactly when every rank's shard has it") {
+  for (const int P : {1, 2, 3, 4, 8})
+    for (const std::size_t block : {std::size_t{32}, std::size_t{128}})
+      for (std::size_t count = 0; count <= 4 * block * static_cast<std::size_t>(P) + 3;
+           count += 7) {
+        bool equal = true;
+        for (int p = 0; p < P; ++p)
+          equal = equal && schedule::shard(count, block, P, p).count * P == count &&
+                  schedule::shard(count, block, P, p).begin == count / P * p;
+        INFO("P " << P << " block " << block << " count " << count);
+        REQUIRE(schedule::equal_shard(count, block, P) == (equal && count > 0 ? count / P : 0));
+      }
+}

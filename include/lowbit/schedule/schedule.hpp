@@ -132,6 +132,15 @@ inline range shard(std::size_t count, std::size_t block, int ranks, int rank) {
       count);
 }
 
+/// The size every shard has when all `ranks` shards are equal (one rank, or count a
+/// multiple of ranks * block), else 0: then the shards are the contiguous, equal parts
+/// that NCCL's own reduce_scatter and all_gather use.
+inline std::size_t equal_shard(std::size_t count, std::size_t block, int ranks) {
+  if (ranks == 1) return count;
+  const std::size_t per_rank = block * static_cast<std::size_t>(ranks);
+  return count % per_rank == 0 ? count / static_cast<std::size_t>(ranks) : 0;
+}
+
 /// How many chunks Schedule cuts `count` elements into (blocks of `block`, `ranks`
 /// ranks): at most Schedule::max_chunks and at least 1. Equal chunks: no more than the
 /// smallest shard's blocks, nor than count / Schedule::min_chunk_values. Ramped chunks:
