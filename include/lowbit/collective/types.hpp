@@ -2,6 +2,7 @@
 // backend tags.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -148,6 +149,20 @@ struct collective_options {
   /// registers the workspace with the communicator, which makes construction and
   /// destruction collective; choose `nccl` where NCCL cannot register windows.
   frame_transport transport = frame_transport::automatic;
+  /// Deadline of every blocking wait (zero = wait forever). The MPI backend waits inside
+  /// each call; the NCCL backend's calls never wait on the host, so it applies to sync()
+  /// and to checked mode. On expiry every waiting rank throws lowbit::timeout_error
+  /// naming the collective, its count and its step, and the communicator is marked
+  /// unusable (NCCL: aborted), so later calls fail at once. Ten minutes by default, as
+  /// torch.distributed's: long enough for a slow rank, short enough to end a hung job.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// Checked mode, for debugging (like TORCH_DISTRIBUTED_DEBUG=DETAIL): before each call,
+  /// every rank all-gathers a 32-byte fingerprint of it (count, width, codec and
+  /// configuration, step, call number) and every rank throws lowbit::agreement_error on a
+  /// mismatch, before any frame moves. On NCCL it synchronises the host with the stream,
+  /// so calls cannot be captured in a CUDA graph. Off by default; its cost is in
+  /// docs/design.md.
+  bool verify = false;
 };
 
 /// Backend tags: where the buffers live and what moves them.

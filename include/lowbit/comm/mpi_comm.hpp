@@ -81,11 +81,24 @@ class mpi_comm {
   /// True when the communicator can carry a collective.
   bool valid() const noexcept { return comm_ != MPI_COMM_NULL && size_ > 0; }
 
-  /// Throws lowbit::invalid_argument unless the communicator is usable.
+  /// Throws lowbit::invalid_argument unless the communicator is usable: empty, freed, or
+  /// marked unusable by a collective that timed out on it.
   void check(const char* who) const {
     LOWBIT_EXPECTS(comm_ != MPI_COMM_NULL && size_ > 0,
                    std::string(who) + ": the MPI communicator is empty or freed (size 0)");
+    LOWBIT_EXPECTS(unusable_.empty(), std::string(who) +
+                                          ": the MPI communicator is unusable after an earlier "
+                                          "error: " + unusable_);
   }
+
+  /// Marks the communicator unusable (a collective on it timed out, so its ranks no longer
+  /// agree on what was sent): every later collective on it throws at once. Const because
+  /// collectives hold the wrapper by const reference; the mark is the wrapper's, not MPI's.
+  void mark_unusable(const std::string& why) const {
+    if (unusable_.empty()) unusable_ = why.empty() ? "marked unusable" : why;
+  }
+  /// True once mark_unusable() ran.
+  bool unusable() const noexcept { return !unusable_.empty(); }
 
   /// Waits for every rank (MPI_Barrier).
   void barrier() const {
@@ -104,18 +117,21 @@ class mpi_comm {
     owns_ = false;
     rank_ = 0;
     size_ = 0;
+    unusable_.clear();
   }
   void swap(mpi_comm& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(rank_, o.rank_);
     std::swap(size_, o.size_);
     std::swap(owns_, o.owns_);
+    std::swap(unusable_, o.unusable_);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 0;
   bool owns_ = false;
+  mutable std::string unusable_;  ///< why collectives must not use it; empty when usable
 };
 
 }  // namespace lowbit::comm

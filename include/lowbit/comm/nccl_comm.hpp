@@ -134,8 +134,9 @@ class nccl_comm {
 
   /// Aborts the communicator, its zero-CTA split first: pending NCCL work is cancelled and
   /// the handles freed (a borrowed one too: it is unusable after an error anyway).
-  /// Idempotent.
-  void abort() noexcept {
+  /// Idempotent. Const because collectives hold the wrapper by const reference and must
+  /// abort it on a timeout; the wrapper then refuses every collective.
+  void abort() const noexcept {
     if (comm_ != nullptr && !aborted_) {
       split_.abort();
       ncclCommAbort(comm_);
@@ -144,11 +145,12 @@ class nccl_comm {
   }
 
   /// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy,
-  /// ncclCommGetAsyncError: on an NCCL error (or after `timeout`, if positive) the
-  /// communicator is aborted and lowbit::nccl_error thrown, instead of hanging forever
-  /// on a peer that died. A CUDA error throws lowbit::cuda_error.
+  /// ncclCommGetAsyncError: on an NCCL error the communicator is aborted and
+  /// lowbit::nccl_error thrown, after `timeout` (if positive) it is aborted and
+  /// lowbit::timeout_error thrown, instead of hanging forever on a peer that died or
+  /// never called. A CUDA error throws lowbit::cuda_error.
   void sync(cudaStream_t stream,
-            std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) {
+            std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) const {
     check("nccl_comm::sync");
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
@@ -165,9 +167,9 @@ class nccl_comm {
       }
       if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
         abort();
-        throw nccl_error(__FILE__, __LINE__, static_cast<int>(ncclSystemError),
-                         "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
-                             " ms; communicator aborted");
+        throw timeout_error(__FILE__, __LINE__,
+                            "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
+                                " ms; communicator aborted");
       }
       std::this_thread::yield();
     }
@@ -196,7 +198,7 @@ class nccl_comm {
   int rank_ = 0;
   int size_ = 0;
   bool owns_ = false;
-  bool aborted_ = false;
+  mutable bool aborted_ = false;
   mutable detail::zero_cta_comm split_;       ///< made by the first zero_cta_split()
   mutable std::optional<bool> peers_mapped_;  ///< answered by the first peers_mapped()
 };

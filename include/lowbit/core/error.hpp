@@ -63,6 +63,23 @@ class invalid_argument : public error {
   using error::error;
 };
 
+/// A blocking wait of a collective passed its deadline (collective_options::timeout):
+/// some rank did not take part in time (it threw before sending, called another
+/// collective, or died). The communicator is marked unusable (NCCL: aborted), so later
+/// calls on it fail at once instead of waiting again.
+class timeout_error : public error {
+ public:
+  using error::error;
+};
+
+/// The ranks disagree about a call: a frame or a fingerprint from another rank names a
+/// different count, code width, codec, step or call number than this rank's call. The
+/// message names both sides' values. Nothing was written to the output.
+class agreement_error : public error {
+ public:
+  using error::error;
+};
+
 /// An MPI call failed (host backend).
 class mpi_error : public error {
  public:

@@ -2,12 +2,16 @@
 // Every step runs to completion when issued, so the lanes and events are no-ops.
 #pragma once
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lowbit/collective/detail/engine.hpp"
+#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/host_buffer.hpp"
 #include "lowbit/comm/mpi_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
@@ -28,12 +32,13 @@ struct backend_impl<backend::mpi> {
   /// No plain fallback: the host backend always runs the codec (it is the reference).
   static constexpr bool has_plain = false;
 
+  /// Every frame starts with a frame_header, checked by its receiver.
+  static constexpr std::size_t header_bytes = sizeof(frame_header);
+
+  /// Collective: duplicates the communicator (MPI_Comm_dup), so lowbit's messages travel
+  /// apart from the caller's and from other collective objects'.
   backend_impl(const comm_type& comm, int /*events*/, int /*streams*/)
-      : comm_(&comm),
-        sc_(static_cast<std::size_t>(comm.size())),
-        sd_(sc_.size()),
-        rc_(sc_.size()),
-        rd_(sc_.size()) {}
+      : comm_(&comm), own_(comm_type::duplicate(comm.get())) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
   /// MPI moves plain host memory: there is nothing to register or choose.
@@ -46,6 +51,18 @@ struct backend_impl<backend::mpi> {
                    "buffer would exceed 2 GiB");
   }
   void check_alive(const char* who) const { comm_->check(who); }
+
+  /// out = in (a one-rank call); nothing when they alias exactly.
+  template <class U>
+  void copy(const U* in, U* out, std::size_t n, stream_type) {
+    if (in != out && n > 0 && in != nullptr && out != nullptr)
+      std::memmove(out, in, n * sizeof(U));
+  }
+  /// Calls complete before they return: nothing to wait for.
+  void wait_for(stream_type, const call_check&) {}
+  void set_check_stream(stream_type) {}
+  /// Stamps a frame with this call's header.
+  void stamp(lane, std::byte* frame, const frame_header& h) { std::memcpy(frame, &h, sizeof h); }
 
   void begin(stream_type, bool /*overlap*/) {}
   void end() {}
@@ -97,29 +114,171 @@ struct backend_impl<backend::mpi> {
     }
   }
 
+  /// Sends each peer p its send_bytes[p] at send + send_off[p] and receives each peer's
+  /// into recv + recv_off[p] (recv_bytes[p] expected); zero-byte entries are no message.
   void alltoallv(lane, const std::byte* send, const std::size_t* send_bytes,
                  const std::size_t* send_off, std::byte* recv, const std::size_t* recv_bytes,
-                 const std::size_t* recv_off) {
-    for (std::size_t p = 0; p < sc_.size(); ++p) {
-      sc_[p] = static_cast<int>(send_bytes[p]);
-      sd_[p] = static_cast<int>(send_off[p]);
-      rc_[p] = static_cast<int>(recv_bytes[p]);
-      rd_[p] = static_cast<int>(recv_off[p]);
+                 const std::size_t* recv_off, call_check& cc) {
+    sends_.clear();
+    recvs_.clear();
+    for (int p = 0; p < comm_->size(); ++p) {
+      if (send_bytes[p] > 0) sends_.push_back({p, send + send_off[p], send_bytes[p]});
+      if (recv_bytes[p] > 0) recvs_.push_back({p, recv + recv_off[p], recv_bytes[p]});
     }
-    LOWBIT_MPI_TRY(MPI_Alltoallv(send, sc_.data(), sd_.data(), MPI_BYTE, recv, rc_.data(),
-                                 rd_.data(), MPI_BYTE, comm_->get()));
+    transfer(tag_exchange, cc);
   }
 
   /// In place: slot `rank` of buf is this rank's contribution.
   void allgather(lane, transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
-                 int /*bits*/) {
-    LOWBIT_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data() + offset,
-                                 static_cast<int>(slot_bytes), MPI_BYTE, comm_->get()));
+                 int /*bits*/, call_check& cc) {
+    sends_.clear();
+    recvs_.clear();
+    const int me = comm_->rank();
+    std::byte* base = buf.data() + offset;
+    for (int p = 0; p < comm_->size(); ++p) {
+      if (p == me) continue;
+      sends_.push_back({p, base + static_cast<std::size_t>(me) * slot_bytes, slot_bytes});
+      recvs_.push_back({p, base + static_cast<std::size_t>(p) * slot_bytes, slot_bytes});
+    }
+    transfer(tag_gather, cc);
+  }
+
+  /// Every rank's `bytes` at `mine`, rank by rank (checked mode's fingerprints), within
+  /// the deadline. The result lives until the next call.
+  const std::byte* allgather_small(const void* mine, std::size_t bytes, call_check& cc) {
+    const std::size_t me = static_cast<std::size_t>(comm_->rank());
+    small_.assign(bytes * static_cast<std::size_t>(comm_->size()), std::byte{0});
+    std::memcpy(small_.data() + me * bytes, mine, bytes);
+    MPI_Request req = MPI_REQUEST_NULL;
+    LOWBIT_MPI_TRY(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, small_.data(),
+                                  static_cast<int>(bytes), MPI_BYTE, own_.get(), &req));
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      LOWBIT_MPI_TRY(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return small_.data();
+      if (expired(start, cc)) {
+        // A pending collective cannot be cancelled: its buffer is left to it, for good.
+        abandoned_buffers().push_back(std::move(small_));
+        fail_timeout(cc, "every rank's fingerprint (checked mode)");
+      }
+      std::this_thread::yield();
+    }
   }
 
  private:
+  static constexpr int tag_exchange = 1, tag_gather = 2;
+
+  struct send_item {
+    int peer;
+    const std::byte* data;
+    std::size_t bytes;
+  };
+  struct recv_item {
+    int peer;
+    std::byte* data;
+    std::size_t bytes;
+  };
+
+  /// Buffers that a pending, uncancellable MPI operation may still write (after a timeout).
+  static std::vector<std::vector<std::byte>>& abandoned_buffers() {
+    static std::vector<std::vector<std::byte>> v;
+    return v;
+  }
+
+  static bool expired(std::chrono::steady_clock::time_point start, const call_check& cc) {
+    return cc.timeout.count() > 0 && std::chrono::steady_clock::now() - start > cc.timeout;
+  }
+
+  [[noreturn]] void fail_timeout(const call_check& cc, const std::string& waiting_for) {
+    const std::string msg = cc.timeout_message(waiting_for);
+    comm_->mark_unusable(msg);
+    throw timeout_error(__FILE__, __LINE__, msg);
+  }
+
+  /// Sends sends_ and receives one message from every recvs_ peer on `tag`, skipping the
+  /// peers `cc` already knows disagree. A message of another size than expected is
+  /// received aside and reported through `cc` (with its header, when it has one): MPI
+  /// never truncates, nothing outside the expected slot is written. Waits at most
+  /// cc.timeout; on expiry the pending requests are abandoned, the communicator is
+  /// marked unusable and lowbit::timeout_error names who was waited for.
+  void transfer(int tag, call_check& cc) {
+    MPI_Comm c = own_.get();
+    reqs_.clear();
+    for (const send_item& s : sends_) {
+      if (cc.bad[static_cast<std::size_t>(s.peer)]) continue;
+      MPI_Request r = MPI_REQUEST_NULL;
+      LOWBIT_MPI_TRY(MPI_Isend(s.data, static_cast<int>(s.bytes), MPI_BYTE, s.peer, tag, c, &r));
+      reqs_.push_back(r);
+    }
+    matched_.assign(recvs_.size(), 0);
+    for (std::size_t i = 0; i < recvs_.size(); ++i)
+      matched_[i] = cc.bad[static_cast<std::size_t>(recvs_[i].peer)];
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      bool all_matched = true;
+      for (std::size_t i = 0; i < recvs_.size(); ++i) {
+        if (matched_[i]) continue;
+        const recv_item& r = recvs_[i];
+        int flag = 0;
+        MPI_Message msg = MPI_MESSAGE_NULL;
+        MPI_Status st;
+        LOWBIT_MPI_TRY(MPI_Improbe(r.peer, tag, c, &flag, &msg, &st));
+        if (!flag) {
+          all_matched = false;
+          continue;
+        }
+        matched_[i] = 1;
+        int n = 0;
+        LOWBIT_MPI_TRY(MPI_Get_count(&st, MPI_BYTE, &n));
+        if (static_cast<std::size_t>(n) == r.bytes) {
+          MPI_Request q = MPI_REQUEST_NULL;
+          LOWBIT_MPI_TRY(MPI_Imrecv(r.data, n, MPI_BYTE, &msg, &q));
+          reqs_.push_back(q);
+        } else {  // matched, so its sender is sending: this receive completes
+          aside_.resize(static_cast<std::size_t>(n) + 1);
+          LOWBIT_MPI_TRY(MPI_Mrecv(aside_.data(), n, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+          std::string why = "rank " + std::to_string(r.peer) + " sent a frame of " +
+                            std::to_string(n) + " bytes where this rank's call expects " +
+                            std::to_string(r.bytes);
+          if (static_cast<std::size_t>(n) >= sizeof(frame_header)) {
+            const std::string m = mismatch(load_header(aside_.data()), cc.want, r.peer);
+            if (!m.empty()) why = m + " (" + why + ")";
+          }
+          cc.note(r.peer, why);
+        }
+      }
+      int done = 0;
+      LOWBIT_MPI_TRY(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done,
+                                 MPI_STATUSES_IGNORE));
+      if (done && all_matched) return;
+      if (expired(start, cc)) abandon(cc);
+      std::this_thread::yield();
+    }
+  }
+
+  /// The deadline passed: cancels what can be cancelled, frees the requests and throws.
+  [[noreturn]] void abandon(const call_check& cc) {
+    std::string peers;
+    for (std::size_t i = 0; i < recvs_.size(); ++i)
+      if (!matched_[i]) peers += (peers.empty() ? "" : ", ") + std::to_string(recvs_[i].peer);
+    for (MPI_Request& r : reqs_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    fail_timeout(cc, peers.empty() ? std::string("peers to receive this rank's frames")
+                                   : "the frames of rank(s) " + peers);
+  }
+
   const comm_type* comm_;
-  std::vector<int> sc_, sd_, rc_, rd_;
+  comm_type own_;  ///< a private duplicate: no other traffic can match lowbit's messages
+  std::vector<send_item> sends_;
+  std::vector<recv_item> recvs_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<char> matched_;
+  std::vector<std::byte> aside_;  ///< a frame of unexpected size, received to be reported
+  std::vector<std::byte> small_;  ///< allgather_small's result
 };
 
 }  // namespace lowbit::detail

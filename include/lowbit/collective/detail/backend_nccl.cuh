@@ -17,6 +17,7 @@
 
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/engine.hpp"
+#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/lsa_transport.cuh"
 #include "lowbit/collective/detail/window_buffer.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
@@ -50,6 +51,9 @@ struct backend_impl<backend::nccl> {
   static constexpr bool needs_sum_scratch = false;
   /// Below the crossover a call runs the plain NCCL collective (plain_* below).
   static constexpr bool has_plain = true;
+  /// Frames carry no header on the device yet: the ranks' agreement is checked by checked
+  /// mode (allgather_small), and a hang on mismatched sizes ends at sync()'s deadline.
+  static constexpr std::size_t header_bytes = 0;
 
   backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
     if (streams > 1) {
@@ -129,6 +133,46 @@ struct backend_impl<backend::nccl> {
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
 
+  /// out = in on the stream (a one-rank call); nothing when they alias exactly.
+  template <class U>
+  void copy(const U* in, U* out, std::size_t n, cudaStream_t stream) {
+    if (in != out && n > 0)
+      LOWBIT_CUDA_TRY(cudaMemcpyAsync(out, in, n * sizeof(U), cudaMemcpyDeviceToDevice, stream));
+  }
+  void stamp(lane, std::byte*, const frame_header&) {}
+
+  /// Every rank's `bytes` at `mine` (host memory), rank by rank, in host memory: checked
+  /// mode's fingerprints. Synchronises the host with the caller's stream (caller_ of the
+  /// call being checked), within cc.timeout; on expiry the communicator is aborted.
+  const std::byte* allgather_small(const void* mine, std::size_t bytes, call_check& cc) {
+    const std::size_t total = bytes * static_cast<std::size_t>(comm_->size());
+    if (small_dev_.size() < total) {  // checked mode only: allocated on its first call
+      small_dev_ = device_buffer<std::byte>(total);
+      small_host_.assign(total, std::byte{0});
+    }
+    std::byte* mine_dev = small_dev_.data() + static_cast<std::size_t>(comm_->rank()) * bytes;
+    LOWBIT_CUDA_TRY(cudaMemcpyAsync(mine_dev, mine, bytes, cudaMemcpyHostToDevice, check_stream_));
+    LOWBIT_NCCL_TRY(ncclAllGather(mine_dev, small_dev_.data(), bytes, ncclUint8, comm_->get(),
+                                  check_stream_));
+    LOWBIT_CUDA_TRY(cudaMemcpyAsync(small_host_.data(), small_dev_.data(), total,
+                                    cudaMemcpyDeviceToHost, check_stream_));
+    wait_for(check_stream_, cc);
+    return small_host_.data();
+  }
+  /// The stream checked mode's exchange runs on (the caller's, set by the engine).
+  void set_check_stream(cudaStream_t s) { check_stream_ = s; }
+
+  /// Waits until `stream` is idle within cc.timeout, polling NCCL's asynchronous error:
+  /// lowbit::timeout_error (communicator aborted) on expiry, lowbit::nccl_error on an NCCL
+  /// error.
+  void wait_for(cudaStream_t stream, const call_check& cc) {
+    try {
+      comm_->sync(stream, cc.timeout);
+    } catch (const timeout_error&) {
+      throw timeout_error(__FILE__, __LINE__, cc.timeout_message("the work on the stream"));
+    }
+  }
+
   /// Starts a call. With `overlap` (a call of several chunks) the transfers go to the
   /// internal stream; a one-chunk call stays on the caller's stream, where the fork, the
   /// join and the events would only add latency.
@@ -196,7 +240,7 @@ struct backend_impl<backend::nccl> {
 
   void alltoallv(lane l, const std::byte* send, const std::size_t* send_bytes,
                  const std::size_t* send_off, std::byte* recv, const std::size_t* recv_bytes,
-                 const std::size_t* recv_off) {
+                 const std::size_t* recv_off, call_check&) {
     const int P = comm_->size();
     ncclComm_t c = comm_->get();
     LOWBIT_NCCL_TRY(ncclGroupStart());
@@ -212,7 +256,7 @@ struct backend_impl<backend::nccl> {
   /// In place: P slots of slot_bytes at `offset` of buf; slot `rank` is this rank's;
   /// the frames hold `bits`-bit codes.
   void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
-                 int bits) {
+                 int bits, call_check&) {
     if (comm_->size() == 1) return;
     const bool stores = lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_;
     const bool engines = ce_ != nullptr && buf.symmetric() &&
@@ -286,6 +330,9 @@ struct backend_impl<backend::nccl> {
   std::size_t ce_min_alone_bytes_ = 0;  ///< ... against peer stores or in a one-chunk call
   unique_stream side_;
   std::vector<unique_event> events_;
+  cudaStream_t check_stream_ = nullptr;
+  device_buffer<std::byte> small_dev_;  ///< checked mode's fingerprints, on the device
+  std::vector<std::byte> small_host_;   ///< ... and on the host
 };
 
 }  // namespace lowbit::detail

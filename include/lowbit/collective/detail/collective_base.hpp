@@ -55,6 +55,11 @@ class collective_base {
   /// How frames move between GPUs (options().transport resolved for this communicator;
   /// automatic on the MPI backend).
   frame_transport transport() const noexcept { return engine_.transport(); }
+  /// Waits until this object's calls on `stream` have finished (NCCL), within
+  /// options().timeout: a rank that never joined makes it throw lowbit::timeout_error
+  /// (naming the collective, its last count and step) and abort the communicator, instead
+  /// of hanging. A no-op on the MPI backend, whose calls finish before they return.
+  void sync(stream_type stream = {}) { engine_.sync(stream, "lowbit collective sync"); }
   /// Zeroes the feedback state (not stream-ordered: call with no call in flight); a
   /// no-op without feedback.
   void reset_feedback() { engine_.feedback_state().reset(); }

@@ -32,6 +32,7 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/codec/philox.hpp"
+#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
@@ -59,12 +60,37 @@ constexpr int num_phases = 4;
 template <class... Codecs>
 struct codec_list {};
 
-/// Upper bounds, over every count <= max_count, of the workspace a call needs. A frame
-/// of n values is at most nb*(meta + codes) + 30 bytes (two 16-byte alignments); the
-/// pieces of all shards hold each block once; a rank's shard has at most
-/// ceil(nblocks/P) blocks and its pieces at most K more than that in total.
+/// Upper bounds, over every count <= max_count, of the workspace a call needs. A slot
+/// holds a header of `header` bytes and a frame of n values, at most nb*(meta + codes) +
+/// 30 bytes (two 16-byte alignments); the pieces of all shards hold each block once; a
+/// rank's shard has at most ceil(nblocks/P) blocks and its pieces at most K more than
+/// that in total.
 struct capacity {
   std::size_t send = 0, recv = 0, gather = 0, shard = 0;
+};
+
+/// Size arithmetic that refuses to wrap: a max_count whose workspace cannot be represented
+/// in size_t is refused at construction, not discovered as a tiny buffer and a crash.
+class size_math {
+ public:
+  size_math(const char* who, std::size_t max_count) : who_(who), max_count_(max_count) {}
+  std::size_t add(std::size_t a, std::size_t b) const {
+    if (a > SIZE_MAX - b) fail();
+    return a + b;
+  }
+  std::size_t mul(std::size_t a, std::size_t b) const {
+    if (b != 0 && a > SIZE_MAX / b) fail();
+    return a * b;
+  }
+
+ private:
+  [[noreturn]] void fail() const {
+    throw invalid_argument(__FILE__, __LINE__,
+                           std::string(who_) + ": max_count " + std::to_string(max_count_) +
+                               " is too large: its workspace size cannot be represented");
+  }
+  const char* who_;
+  std::size_t max_count_;
 };
 
 /// What an engine serves: all_reduce (whose algorithm sizes the workspace) or
@@ -72,20 +98,23 @@ struct capacity {
 enum class collective_kind { all_reduce, scatter_gather };
 
 template <class Codec>
-capacity capacity_of(std::size_t max_count, int ranks, int chunks, bool one_shot) {
+capacity capacity_of(std::size_t max_count, int ranks, int chunks, bool one_shot,
+                     std::size_t header, const size_math& m) {
   capacity c;
   const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
-  const std::size_t nblocks = Codec::num_blocks(max_count);
+  const std::size_t B = static_cast<std::size_t>(Codec::block_size);
+  const std::size_t nblocks = m.add(max_count, B - 1) / B;
   const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
+  const std::size_t slack = header + 32;  // per slot: the header and two alignments
   if (one_shot) {  // only P slots of every piece of the whole tensor; sums of whole pieces
-    c.gather = P * (nblocks * block_bytes + 32 * K);
+    c.gather = m.mul(P, m.add(m.mul(nblocks, block_bytes), m.mul(slack, K)));
     c.shard = max_count;
   } else {
     const std::size_t shard_blocks = (nblocks + P - 1) / P;
-    c.send = nblocks * block_bytes + 32 * K * P;
-    c.recv = P * ((shard_blocks + K) * block_bytes + 32 * K);
+    c.send = m.add(m.mul(nblocks, block_bytes), m.mul(m.mul(slack, K), P));
+    c.recv = m.mul(P, m.add(m.mul(m.add(shard_blocks, K), block_bytes), m.mul(slack, K)));
     c.gather = c.recv;
-    c.shard = std::min(max_count, shard_blocks * static_cast<std::size_t>(Codec::block_size));
+    c.shard = std::min(max_count, m.mul(shard_blocks, B));
   }
   return c;
 }
@@ -98,6 +127,8 @@ class engine {
   using impl = backend_impl<Backend>;
   template <class U>
   using buffer = typename impl::template buffer<U>;
+  /// Bytes of frame_header before every frame the backend sends (0: no header).
+  static constexpr std::size_t H = impl::header_bytes;
 
  public:
   using comm_type = typename impl::comm_type;
@@ -114,15 +145,18 @@ class engine {
         one_shot_(kind == collective_kind::all_reduce &&
                   (opts.algorithm == all_reduce_algorithm::one_shot ||
                    (opts.algorithm == all_reduce_algorithm::automatic && P_ == 2))) {
+    const size_math m(who, max_count);
+    m.mul(m.add(max_count, 0), 2 * sizeof(float));  // the largest state: two fp32 arrays
     std::size_t send = 0, recv = 0, gather = 0, shard = 0;
     const capacity caps[] = {
-        capacity_of<Codecs>(max_count, P_, Schedule::max_chunks, one_shot_)...};
+        capacity_of<Codecs>(max_count, P_, Schedule::max_chunks, one_shot_, H, m)...};
     for (const auto& c : caps) {
       send = std::max(send, c.send);
       recv = std::max(recv, c.recv);
       gather = std::max(gather, c.gather);
       shard = std::max(shard, c.shard);
     }
+    if (P_ == 1) send = recv = gather = shard = 0;  // one rank copies: no frames
     impl::check_sizes(send, recv, gather);
     be_.set_transport(opts.transport, std::max({Codecs::bits...}));
     send_ = be_.make_transfer_buffer(send);
@@ -179,11 +213,24 @@ class engine {
     return schedule::shard(count, Codec::block_size, P_, rank_);
   }
 
+  /// Waits until the calls issued on `stream` have finished, within options().timeout
+  /// (NCCL; the MPI backend's calls finish before they return): lowbit::timeout_error,
+  /// with the communicator aborted, on expiry.
+  void sync(stream_type stream, const char* who) {
+    frame_header last;
+    last.count = last_count_;
+    last.step = step_ - 1;
+    last.seq = seq_ - 1;
+    be_.wait_for(stream, call_check(who, last, opts_.timeout, P_));
+  }
+
   // ---- all_reduce -------------------------------------------------------------------
   template <class Codec>
   void all_reduce(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
     validate(in, out, count, count, count, who);
     if (count == 0) return;
+    call_check& cc = begin_call<Codec>(count, who, stream);
+    if (P_ == 1) return copy_call(in, out, count, stream);
     if constexpr (impl::has_plain) {
       if (below_crossover(count)) {
         be_.plain_all_reduce(in, out, count, opts_.op, stream);
@@ -192,7 +239,7 @@ class engine {
       }
     }
     if (one_shot_) {
-      all_reduce_one_shot<Codec>(in, out, count, stream);
+      all_reduce_one_shot<Codec>(in, out, count, stream, cc);
       return;
     }
     const int K = plan<Codec>(count);
@@ -204,28 +251,33 @@ class engine {
     be_.begin(stream, K > 1);
 
     encode_pieces<Codec>(in, count, K, key0);
-    exchange(K);
+    exchange(K, cc);
+    check_received(K, cc);
     for (int k = 0; k < K; ++k) {  // 3: reduce my piece, re-encode it into my gather slot
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
-      if (pc.count > 0) {
-        // EF21 decodes into its replicated state in phase 5 instead.
-        T* decoded = Feedback::replicated ? nullptr : out + pc.begin;
+      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      if constexpr (H > 0) stamp(slot, cc.failed());
+      if (pc.count > 0 && !cc.failed()) {
+        // EF21 decodes into its replicated state in phase 5 instead; with frame headers the
+        // own piece is decoded there too, once every frame is known to agree.
+        T* decoded = Feedback::replicated || H > 0 ? nullptr : out + pc.begin;
         be_.template reduce_encode<Codec>(
-            lane::compute, recv_.data() + recv_base_[k], recv_stride_[k], P_, pc.count,
-            gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key1, pc.begin,
-            state_.stage2_ref().shifted(pc.begin - mine.begin), acc_.data(), decoded, scale);
+            lane::compute, recv_.data() + recv_base_[k] + H, recv_stride_[k], P_, pc.count,
+            slot + H, key1, pc.begin, state_.stage2_ref().shifted(pc.begin - mine.begin),
+            acc_.data(), decoded, scale);
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced, Codec::bits);
+    gather(K, phase::reduced, Codec::bits, cc);
+    check_gathered(K, cc);
     for (int k = 0; k < K; ++k) {  // 5: decode the reduced frames (mine is done, but EF21's)
       be_.wait(lane::compute, event(k, phase::gathered));
-      for (int p = 0; p < P_; ++p) {
-        if (p == rank_ && !Feedback::replicated) continue;
+      for (int p = 0; p < P_ && !cc.failed(); ++p) {
+        if (p == rank_ && !Feedback::replicated && H == 0) continue;
         const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
-        const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k];
+        const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k] + H;
         if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
           be_.template decode<Codec>(lane::compute, frame, pc.count, tmp_.data() + pc.begin, scale);
           be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
@@ -237,11 +289,13 @@ class engine {
     }
     be_.end();
     ++step_;
+    end_call(cc);
   }
 
   // ---- all_reduce, one shot: gather every rank's frame, every rank sums them all ------
   template <class Codec>
-  void all_reduce_one_shot(const T* in, T* out, std::size_t count, stream_type stream) {
+  void all_reduce_one_shot(const T* in, T* out, std::size_t count, stream_type stream,
+                           call_check& cc) {
     const std::size_t B = Codec::block_size;
     const int K = plan_one_shot<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
@@ -251,16 +305,18 @@ class engine {
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {  // 1: encode my piece k into my slot
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
-      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count,
-                                 gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
-                                 pc.begin, fb.shifted(pc.begin));
+      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      if constexpr (H > 0) stamp(slot, false);
+      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
+                                 fb.shifted(pc.begin));
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced, Codec::bits);
-    for (int k = 0; k < K; ++k) {  // 3: sum the P frames of piece k
+    gather(K, phase::reduced, Codec::bits, cc);
+    check_gathered(K, cc);
+    for (int k = 0; k < K && !cc.failed(); ++k) {  // 3: sum the P frames of piece k
       be_.wait(lane::compute, event(k, phase::gathered));
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
-      const std::byte* frames = gather_.data() + gather_off_[k];
+      const std::byte* frames = gather_.data() + gather_off_[k] + H;
       if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
         be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
                                    tmp_.data() + pc.begin, scale, acc_.data());
@@ -273,6 +329,7 @@ class engine {
     }
     be_.end();
     ++step_;
+    end_call(cc);
   }
 
   // ---- reduce_scatter: out gets my shard, the exact fp32 sum of the decoded frames ------
@@ -281,6 +338,8 @@ class engine {
     const schedule::range mine = my_shard<Codec>(count);
     validate(in, out, count, count, mine.count, who);
     if (count == 0) return;
+    call_check& cc = begin_call<Codec>(count, who, stream);
+    if (P_ == 1) return copy_call(in, out, count, stream);
     if constexpr (impl::has_plain) {
       if (below_crossover(count)) {
         be_.plain_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
@@ -294,12 +353,13 @@ class engine {
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
     encode_pieces<Codec>(in, count, K, key0);
-    exchange(K);
+    exchange(K, cc);
+    check_received(K, cc);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
-      if (pc.count == 0) continue;
-      const std::byte* frames = recv_.data() + recv_base_[k];
+      if (pc.count == 0 || cc.failed()) continue;
+      const std::byte* frames = recv_.data() + recv_base_[k] + H;
       T* dst = out + (pc.begin - mine.begin);
       if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
         be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
@@ -313,6 +373,7 @@ class engine {
     }
     be_.end();
     ++step_;
+    end_call(cc);
   }
 
   // ---- all_gather: in is my shard of a count-element tensor; out gets the whole --------
@@ -321,6 +382,8 @@ class engine {
     const schedule::range mine = my_shard<Codec>(count);
     validate(in, out, count, mine.count, count, who);
     if (count == 0) return;
+    call_check& cc = begin_call<Codec>(count, who, stream);
+    if (P_ == 1) return copy_call(in, out, count, stream);
     if constexpr (impl::has_plain) {
       if (below_crossover(count)) {
         be_.plain_all_gather(in, out, count, Codec::block_size, stream);
@@ -334,26 +397,29 @@ class engine {
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
+      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      if constexpr (H > 0) stamp(slot, false);
       if (pc.count > 0) {
-        be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count,
-                                   gather_.data() + gather_off_[k] + rank_ * gather_slot_[k], key0,
-                                   pc.begin, state_.worker_ref().shifted(pc.begin));
+        be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count, slot + H,
+                                   key0, pc.begin, state_.worker_ref().shifted(pc.begin));
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
-    gather(K, phase::reduced, Codec::bits);
+    gather(K, phase::reduced, Codec::bits, cc);
+    check_gathered(K, cc);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::gathered));
-      for (int p = 0; p < P_; ++p) {
+      for (int p = 0; p < P_ && !cc.failed(); ++p) {
         const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
         be_.template decode<Codec>(lane::compute,
-                                   gather_.data() + gather_off_[k] + p * gather_slot_[k], pc.count,
-                                   out + pc.begin, 1.0f);
+                                   gather_.data() + gather_off_[k] + p * gather_slot_[k] + H,
+                                   pc.count, out + pc.begin, 1.0f);
       }
     }
     be_.end();
     ++step_;
+    end_call(cc);
   }
 
  private:
@@ -373,13 +439,106 @@ class engine {
   /// `out_count` are the elements read from `in` and written to `out`.
   void validate(const void* in, const void* out, std::size_t count, std::size_t in_count,
                 std::size_t out_count, const char* who) {
-    const std::string w(who);
-    LOWBIT_EXPECTS(count <= max_count_, w + ": count " + std::to_string(count) +
-                                            " exceeds the max_count " + std::to_string(max_count_) +
-                                            " this object was built for");
-    LOWBIT_EXPECTS(in_count == 0 || in != nullptr, w + ": the input pointer is null");
-    LOWBIT_EXPECTS(out_count == 0 || out != nullptr, w + ": the output pointer is null");
+    if (count > max_count_)
+      throw invalid_argument(__FILE__, __LINE__,
+                             std::string(who) + ": count " + std::to_string(count) +
+                                 " exceeds the max_count " + std::to_string(max_count_) +
+                                 " this object was built for");
+    if (in_count > 0 && in == nullptr)
+      throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the input pointer is null");
+    if (out_count > 0 && out == nullptr)
+      throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the output pointer is null");
+    if (!broken_.empty())
+      throw invalid_argument(__FILE__, __LINE__,
+                             std::string(who) + ": this collective object is unusable after an "
+                                                "earlier error (" + broken_ +
+                                 "); build a new one");
     be_.check_alive(who);
+  }
+
+  /// Starts a call of `count` values: its header (what every frame and fingerprint says
+  /// of it) and, in checked mode, the fingerprint exchange. Every rank's call number
+  /// advances here, whichever path the call then takes.
+  template <class Codec>
+  call_check& begin_call(std::size_t count, const char* who, stream_type stream) {
+    const std::uint32_t seq = seq_++;
+    last_count_ = count;
+    if (H == 0 && !opts_.verify) return cc_;
+    frame_header h;
+    h.magic = frame_magic;
+    h.config = config_id<T, Codec, Feedback, Schedule>(fnv1a(who) ^
+                                                       (static_cast<std::uint32_t>(opts_.op) << 1) ^
+                                                       (one_shot_ ? 1u : 0u));
+    h.count = count;
+    h.step = step_;
+    h.seq = seq;
+    h.bits = static_cast<std::uint16_t>(Codec::bits);
+    h.rank = static_cast<std::uint32_t>(rank_);
+    cc_ = call_check(who, h, opts_.timeout, P_);
+    if (opts_.verify) {
+      be_.set_check_stream(stream);
+      verify(cc_);
+    }
+    return cc_;
+  }
+
+  /// Checked mode: every rank's fingerprint, compared by every rank, before a frame moves.
+  void verify(call_check& cc) {
+    const std::byte* all = be_.allgather_small(&cc.want, sizeof(frame_header), cc);
+    for (int p = 0; p < P_; ++p) {
+      if (p == rank_) continue;
+      const std::string why = mismatch(load_header(all + p * sizeof(frame_header)), cc.want, p);
+      if (!why.empty())
+        throw agreement_error(__FILE__, __LINE__,
+                              std::string(cc.who) + " (checked mode): " + why +
+                                  "; no frame was sent and nothing written");
+    }
+  }
+
+  /// A one-rank call: nothing crosses a wire, so the result is the input, exactly (no
+  /// codec, no feedback update); in place it is nothing at all.
+  void copy_call(const T* in, T* out, std::size_t count, stream_type stream) {
+    be_.copy(in, out, count, stream);
+    ++step_;
+  }
+
+  /// Ends a call: raises the first disagreement its frames showed (nothing was written to
+  /// the output), and retires this object, whose private channel may hold stray frames.
+  void end_call(const call_check& cc) {
+    if (!cc.failed()) return;
+    broken_ = cc.error;
+    throw agreement_error(__FILE__, __LINE__,
+                          std::string(cc.who) + ": the ranks disagree: " + cc.error +
+                              "; nothing was written to the output");
+  }
+
+  /// Writes this call's header at `slot` (poisoned: the frame after it carries no data).
+  void stamp(std::byte* slot, bool poison) {
+    frame_header h = cc_.want;
+    if (poison) h.flags |= poisoned;
+    be_.stamp(lane::compute, slot, h);
+  }
+
+  /// After phase 2: the headers of the frames received for my pieces.
+  void check_received(int K, call_check& cc) {
+    if constexpr (H > 0) {
+      for (int k = 0; k < K; ++k)
+        for (int p = 0; p < P_; ++p) {
+          const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
+          if (p != rank_ && recv_bytes_[i] > 0 && !cc.bad[static_cast<std::size_t>(p)])
+            cc.check_frame(recv_.data() + recv_off_[i], p);
+        }
+    }
+  }
+
+  /// After phase 4: the headers of every other rank's gathered frame.
+  void check_gathered(int K, call_check& cc) {
+    if constexpr (H > 0) {
+      for (int k = 0; k < K; ++k)
+        for (int p = 0; p < P_; ++p)
+          if (p != rank_ && gather_slot_[k] > 0 && !cc.bad[static_cast<std::size_t>(p)])
+            cc.check_frame(gather_.data() + gather_off_[k] + p * gather_slot_[k], p);
+    }
   }
 
   /// Piece k of K of rank p's shard of a `count`-element tensor in blocks of B.
@@ -395,14 +554,14 @@ class engine {
     std::size_t send = 0, recv = 0, gather = 0;
     for (int k = 0; k < K; ++k) {
       const schedule::range mine = shard_piece(count, B, rank_, K, k);
-      const std::size_t stride = Codec::frame_bytes(mine.count);
+      const std::size_t stride = H + Codec::frame_bytes(mine.count);
       std::size_t slot = 0;
       recv_base_[k] = recv;
       recv_stride_[k] = stride;
       for (int p = 0; p < P_; ++p) {
         const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
         const schedule::range pc = shard_piece(count, B, p, K, k);
-        const std::size_t fb = Codec::frame_bytes(pc.count);
+        const std::size_t fb = H + Codec::frame_bytes(pc.count);
         slot = std::max(slot, fb);
         send_off_[i] = send;
         send_bytes_[i] = p == rank_ ? 0 : fb;  // my own piece goes straight to its slot
@@ -431,7 +590,7 @@ class engine {
     std::size_t gather = 0;
     for (int k = 0; k < K; ++k) {
       const std::size_t slot =
-          Codec::frame_bytes(schedule::piece<Schedule>({0, count}, B, K, k).count);
+          H + Codec::frame_bytes(schedule::piece<Schedule>({0, count}, B, K, k).count);
       gather_off_[k] = gather;
       gather_slot_[k] = slot;
       gather += P_ * slot;
@@ -449,10 +608,11 @@ class engine {
     const auto fb = state_.worker_ref();
     const auto encode_piece = [&](int k, int p) {
       const schedule::range pc = shard_piece(count, B, p, K, k);
-      if (pc.count == 0) return;
       const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-      std::byte* frame = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
-      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, frame, key0, pc.begin,
+      std::byte* slot = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
+      if constexpr (H > 0) stamp(slot, false);  // an empty piece sends its header alone
+      if (pc.count == 0) return;
+      be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
                                  fb.shifted(pc.begin));
     };
     for (int k = 0; k < K; ++k) {
@@ -464,22 +624,22 @@ class engine {
   }
 
   /// Phase 2: all-to-all of every chunk's frames.
-  void exchange(int K) {
+  void exchange(int K, call_check& cc) {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, phase::encoded));
       const std::size_t i = static_cast<std::size_t>(k) * P_;
       be_.alltoallv(lane::comm, send_.data(), send_bytes_.data() + i, send_off_.data() + i,
-                    recv_.data(), recv_bytes_.data() + i, recv_off_.data() + i);
+                    recv_.data(), recv_bytes_.data() + i, recv_off_.data() + i, cc);
       be_.signal(lane::comm, event(k, phase::exchanged));
     }
   }
 
   /// Phase 4: in-place all-gather of every chunk's slots, once `ready` is signalled.
-  void gather(int K, phase ready, int bits) {
+  void gather(int K, phase ready, int bits, call_check& cc) {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, ready));
       if (gather_slot_[k] > 0)
-        be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k], bits);
+        be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k], bits, cc);
       be_.signal(lane::comm, event(k, phase::gathered));
     }
   }
@@ -490,6 +650,10 @@ class engine {
   std::uint32_t step_;
   int P_, rank_;
   bool one_shot_;
+  std::uint32_t seq_ = 0;  ///< calls made so far (frame_header::seq)
+  std::size_t last_count_ = 0;
+  call_check cc_;          ///< the current call's agreement state
+  std::string broken_;     ///< why this object refuses calls; empty while usable
   typename impl::transfer_buffer send_, recv_, gather_;  ///< what the backend moves
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;
