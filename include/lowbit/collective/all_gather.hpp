@@ -18,8 +18,12 @@ namespace lowbit {
 /// not accumulated. Same lifetime, ordering and capture rules as lowbit::all_reduce.
 template <class T, class Codec, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
-class all_gather : public detail::collective_base<Backend, T, feedback::none, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, feedback::none, Schedule, Codec>;
+class all_gather
+    : public detail::all_gather_params<T, Codec, Schedule,
+                                       Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base = typename detail::all_gather_params<T, Codec, Schedule,
+                                                  Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;

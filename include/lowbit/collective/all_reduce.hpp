@@ -31,8 +31,12 @@ namespace lowbit {
 /// captured CUDA graph replays the step it was captured with.
 template <class T, class Codec, class Feedback = feedback::none,
           class Schedule = schedule::default_schedule, class Backend = backend::nccl>
-class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, Codec>;
+class all_reduce
+    : public detail::all_reduce_params<T, Codec, Feedback, Schedule,
+                                       Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base = typename detail::all_reduce_params<T, Codec, Feedback, Schedule,
+                                                  Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;
@@ -70,15 +74,24 @@ class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule
 template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
           class Feedback = feedback::none, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
-class dynamic_all_reduce;
+class dynamic_all_reduce {
+  // Widths is not a lowbit::bit_widths: the readable error, and nothing else.
+  static_assert(sizeof(detail::dynamic_all_reduce_widths<Widths>) > 0);
+
+ public:
+  template <class... Args>
+  explicit dynamic_all_reduce(Args&&...) {}
+};
 
 template <class T, template <int> class CodecOf, int... Bits, class Feedback, class Schedule,
           class Backend>
 class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Backend>
-    : public detail::collective_base<Backend, T, Feedback, Schedule, CodecOf<Bits>...> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, CodecOf<Bits>...>;
-  static_assert(((CodecOf<Bits>::bits == Bits) && ...),
-                "lowbit::dynamic_all_reduce: CodecOf<b> must have b-bit codes");
+    : public detail::dynamic_all_reduce_params<T, CodecOf, Feedback, Schedule, Backend,
+                                               Bits...>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base =
+      typename detail::dynamic_all_reduce_params<T, CodecOf, Feedback, Schedule, Backend,
+                                                 Bits...>::template base<detail::collective_base>;
 
  public:
   using typename base::comm_type;

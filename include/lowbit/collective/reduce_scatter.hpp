@@ -19,8 +19,13 @@ namespace lowbit {
 /// is g). Same lifetime, ordering and capture rules as lowbit::all_reduce.
 template <class T, class Codec, class Feedback = feedback::none,
           class Schedule = schedule::default_schedule, class Backend = backend::nccl>
-class reduce_scatter : public detail::collective_base<Backend, T, Feedback, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, Codec>;
+class reduce_scatter
+    : public detail::reduce_scatter_params<T, Codec, Feedback, Schedule,
+                                           Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base =
+      typename detail::reduce_scatter_params<T, Codec, Feedback, Schedule,
+                                             Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;
