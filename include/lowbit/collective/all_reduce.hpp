@@ -23,8 +23,9 @@ namespace lowbit {
 /// gradient bucket: the state belongs to the tensor); calls allocate nothing and, on
 /// NCCL, never synchronise the host, so a call can be captured in a CUDA graph. Calls on
 /// one object must be ordered (one stream, or synchronised): they share the workspace.
-/// Every rank must call with the same count. The communicator wrapper is borrowed and
-/// must outlive this object. Move-only.
+/// Every rank must call with the same count. The communicator wrapper is borrowed: the
+/// communicator must outlive the collective; a temporary is refused at compile time.
+/// Move-only.
 ///
 /// Stochastic rounding is keyed by (options.seed, step, rank, element index): the same
 /// inputs and seed give the same bytes run after run. Each call advances the step; a
@@ -47,6 +48,9 @@ class all_reduce
   /// lowbit::invalid_argument for an empty or dead communicator.
   all_reduce(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::all_reduce, "lowbit::all_reduce") {}
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  all_reduce(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed),
   /// asynchronously on `stream` (NCCL) or before returning (MPI). count 0 is a no-op.
@@ -70,7 +74,9 @@ class all_reduce
 /// all_reduce with the code width chosen per call among a compiled set: `CodecOf<b>` is
 /// the codec of width b, `Widths` a lowbit::bit_widths<...>. The workspace fits the
 /// widest; the feedback state is shared by all widths (it belongs to the tensor, not
-/// to a width), so a bucket can change width from one step to the next.
+/// to a width), so a bucket can change width from one step to the next. Same lifetime,
+/// ordering and capture rules as lowbit::all_reduce: the communicator must outlive the
+/// collective; a temporary is refused at compile time.
 template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
           class Feedback = feedback::none, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
@@ -101,6 +107,9 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
                      const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::all_reduce,
              "lowbit::dynamic_all_reduce") {}
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  dynamic_all_reduce(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// True when `bits` is one of the compiled widths.
   static constexpr bool supports(int bits) noexcept { return ((bits == Bits) || ...); }
