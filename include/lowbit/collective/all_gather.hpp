@@ -15,11 +15,16 @@ namespace lowbit {
 /// partitions it: each rank passes its shard `shard(count)`, encodes it once, the frames
 /// are gathered, and every rank decodes all of them into out[0, count) (its own shard
 /// too, so all ranks hold identical bytes). No error feedback: a weight is gathered,
-/// not accumulated. Same lifetime, ordering and capture rules as lowbit::all_reduce.
+/// not accumulated. Same lifetime, ordering and capture rules as lowbit::all_reduce: the
+/// communicator must outlive the collective; a temporary is refused at compile time.
 template <class T, class Codec, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
-class all_gather : public detail::collective_base<Backend, T, feedback::none, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, feedback::none, Schedule, Codec>;
+class all_gather
+    : public detail::all_gather_params<T, Codec, Schedule,
+                                       Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base = typename detail::all_gather_params<T, Codec, Schedule,
+                                                  Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;
@@ -29,6 +34,9 @@ class all_gather : public detail::collective_base<Backend, T, feedback::none, Sc
   all_gather(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::scatter_gather, "lowbit::all_gather") {
   }
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  all_gather(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// This rank's shard of a count-element tensor: what a call reads from `in`.
   schedule::range shard(std::size_t count) const {

@@ -23,16 +23,21 @@ namespace lowbit {
 /// gradient bucket: the state belongs to the tensor); calls allocate nothing and, on
 /// NCCL, never synchronise the host, so a call can be captured in a CUDA graph. Calls on
 /// one object must be ordered (one stream, or synchronised): they share the workspace.
-/// Every rank must call with the same count. The communicator wrapper is borrowed and
-/// must outlive this object. Move-only.
+/// Every rank must call with the same count. The communicator wrapper is borrowed: the
+/// communicator must outlive the collective; a temporary is refused at compile time.
+/// Move-only.
 ///
 /// Stochastic rounding is keyed by (options.seed, step, rank, element index): the same
 /// inputs and seed give the same bytes run after run. Each call advances the step; a
 /// captured CUDA graph replays the step it was captured with.
 template <class T, class Codec, class Feedback = feedback::none,
           class Schedule = schedule::default_schedule, class Backend = backend::nccl>
-class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, Codec>;
+class all_reduce
+    : public detail::all_reduce_params<T, Codec, Feedback, Schedule,
+                                       Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base = typename detail::all_reduce_params<T, Codec, Feedback, Schedule,
+                                                  Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;
@@ -43,6 +48,9 @@ class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule
   /// lowbit::invalid_argument for an empty or dead communicator.
   all_reduce(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::all_reduce, "lowbit::all_reduce") {}
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  all_reduce(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed),
   /// asynchronously on `stream` (NCCL) or before returning (MPI). count 0 is a no-op.
@@ -66,19 +74,30 @@ class all_reduce : public detail::collective_base<Backend, T, Feedback, Schedule
 /// all_reduce with the code width chosen per call among a compiled set: `CodecOf<b>` is
 /// the codec of width b, `Widths` a lowbit::bit_widths<...>. The workspace fits the
 /// widest; the feedback state is shared by all widths (it belongs to the tensor, not
-/// to a width), so a bucket can change width from one step to the next.
+/// to a width), so a bucket can change width from one step to the next. Same lifetime,
+/// ordering and capture rules as lowbit::all_reduce: the communicator must outlive the
+/// collective; a temporary is refused at compile time.
 template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
           class Feedback = feedback::none, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
-class dynamic_all_reduce;
+class dynamic_all_reduce {
+  // Widths is not a lowbit::bit_widths: the readable error, and nothing else.
+  static_assert(sizeof(detail::dynamic_all_reduce_widths<Widths>) > 0);
+
+ public:
+  template <class... Args>
+  explicit dynamic_all_reduce(Args&&...) {}
+};
 
 template <class T, template <int> class CodecOf, int... Bits, class Feedback, class Schedule,
           class Backend>
 class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Backend>
-    : public detail::collective_base<Backend, T, Feedback, Schedule, CodecOf<Bits>...> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, CodecOf<Bits>...>;
-  static_assert(((CodecOf<Bits>::bits == Bits) && ...),
-                "lowbit::dynamic_all_reduce: CodecOf<b> must have b-bit codes");
+    : public detail::dynamic_all_reduce_params<T, CodecOf, Feedback, Schedule, Backend,
+                                               Bits...>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base =
+      typename detail::dynamic_all_reduce_params<T, CodecOf, Feedback, Schedule, Backend,
+                                                 Bits...>::template base<detail::collective_base>;
 
  public:
   using typename base::comm_type;
@@ -88,6 +107,9 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
                      const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::all_reduce,
              "lowbit::dynamic_all_reduce") {}
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  dynamic_all_reduce(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// True when `bits` is one of the compiled widths.
   static constexpr bool supports(int bits) noexcept { return ((bits == Bits) || ...); }

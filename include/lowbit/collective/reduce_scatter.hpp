@@ -16,11 +16,17 @@ namespace lowbit {
 /// sum of the P decoded frames, times 1/P for avg, rounded once to T. There is a
 /// single quantization per value (the owner never re-encodes), so the error is that of
 /// one encode. Feedback: none, residual (stage 0) or ef21 (g over my shard; the output
-/// is g). Same lifetime, ordering and capture rules as lowbit::all_reduce.
+/// is g). Same lifetime, ordering and capture rules as lowbit::all_reduce: the
+/// communicator must outlive the collective; a temporary is refused at compile time.
 template <class T, class Codec, class Feedback = feedback::none,
           class Schedule = schedule::default_schedule, class Backend = backend::nccl>
-class reduce_scatter : public detail::collective_base<Backend, T, Feedback, Schedule, Codec> {
-  using base = detail::collective_base<Backend, T, Feedback, Schedule, Codec>;
+class reduce_scatter
+    : public detail::reduce_scatter_params<T, Codec, Feedback, Schedule,
+                                           Backend>::template base<detail::collective_base> {
+  // The parameters' checks (detail/checks.hpp) fire when the base is named: first.
+  using base =
+      typename detail::reduce_scatter_params<T, Codec, Feedback, Schedule,
+                                             Backend>::template base<detail::collective_base>;
 
  public:
   using codec_type = Codec;
@@ -30,6 +36,9 @@ class reduce_scatter : public detail::collective_base<Backend, T, Feedback, Sche
   reduce_scatter(const comm_type& comm, std::size_t max_count, const collective_options& opts = {})
       : base(comm, max_count, opts, detail::collective_kind::scatter_gather,
              "lowbit::reduce_scatter") {}
+  /// Refused: the collective keeps a pointer to the communicator, which a temporary
+  /// would leave dangling.
+  reduce_scatter(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
   /// This rank's shard of a count-element tensor: what a call writes to `out`.
   schedule::range shard(std::size_t count) const {
