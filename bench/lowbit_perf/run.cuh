@@ -121,10 +121,11 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   be.set_transport(o.transport, Codec::bits);
   auto frame_buf = be.make_transfer_buffer(F * P), piece_buf = be.make_transfer_buffer(f * (P + 1));
   std::byte *frames = frame_buf.data(), *pieces = piece_buf.data();
+  lowbit::detail::call_check no_check;  // the NCCL backend's transfers do not check frames
   const auto all_gather = [&](const lowbit::detail::window_buffer& buf, std::size_t slot,
                               cudaStream_t st) {
     be.begin(st, false);
-    be.allgather(lane::comm, buf, 0, slot, Codec::bits);
+    be.allgather(lane::comm, buf, 0, slot, Codec::bits, no_check);
     be.end();
   };
   __nv_bfloat16* residual;
