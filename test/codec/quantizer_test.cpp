@@ -150,7 +150,8 @@ TEST_CASE("tiny and huge and subnormal blocks round-trip within the bound") {
     check_bound<codec<quant::absmax<16>>>(x);
     check_bound<codec<quant::absmax<3, 128, quant::grid::zero>>>(x);
     check_bound<codec<quant::absmax<4>, round::stochastic>>(x);
-    if (magnitude < 1e38f) check_bound<codec<quant::minmax<4>>>(x);
+    check_bound<codec<quant::minmax<4>>>(x);  // at 3e38, max - min is above FLT_MAX
+    check_bound<codec<quant::minmax<16>, round::stochastic>>(x);
     const auto r = roundtrip<codec<quant::fp8<quant::e4m3>>>(x);
     for (std::size_t i = 0; i < x.size(); ++i)
       REQUIRE(std::fabs(double(r.y[i]) - x[i]) <= std::fabs(double(x[i])) / 16 + r.step[i] / 64);
@@ -250,22 +251,34 @@ TEST_CASE("frame size is a function of count alone, 16-byte aligned") {
 // taken three floats low and the product rounded towards zero, so |x| <= absmax lands in
 // [-levels, levels]. Checked at the block's extremes, for absmax across the whole float
 // range, every width and both grids; where the step or its reciprocal is not a normal
-// float the encoder divides instead.
+// float, or the step was taken one float down to keep the outermost level finite, the
+// encoder divides instead. One absmax in eight lies within 4096 floats of FLT_MAX.
 template <class Q>
 void check_positions_in_range(std::mt19937_64& g) {
   for (int i = 0; i < 20000; ++i) {
     float amax;
-    do amax = detail::bits_float(static_cast<std::uint32_t>(g()) & 0x7fffffffu);
-    while (!(amax > 0.0f && amax <= FLT_MAX));
+    if (i % 8 == 0) {
+      amax =
+          detail::bits_float(detail::float_bits(FLT_MAX) - static_cast<std::uint32_t>(g() % 4096));
+    } else {
+      do amax = detail::bits_float(static_cast<std::uint32_t>(g()) & 0x7fffffffu);
+      while (!(amax > 0.0f && amax <= FLT_MAX));
+    }
     quant::block_stats s;
     s.add(amax);
     s.add(-amax);
     const auto p = Q::make_params(Q::make_meta(s));
     INFO(Q::bits << " bits, absmax " << amax << " step " << p.meta.step);
-    REQUIRE(p.meta.step == std::min(detail::fdiv(amax, Q::levels), FLT_MAX));
+    const float rounded = detail::fdiv(amax, Q::levels);
+    const bool overflows = !(detail::fmul(rounded, Q::levels) <= FLT_MAX);
+    REQUIRE(p.meta.step == (overflows ? std::nextafter(rounded, 0.0f) : rounded));
+    REQUIRE(detail::fmul(p.meta.step, Q::levels) <= FLT_MAX);  // finite in, finite out
     // A step that underflows to 0 codes the block as zeros, and needs no division.
-    REQUIRE(p.divide ==
-            !(p.meta.step == 0.0f || (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p125f)));
+    const bool below_rounded =
+        !(detail::fmul(std::nextafter(p.meta.step, HUGE_VALF), Q::levels) <= FLT_MAX);
+    REQUIRE(p.divide == !(p.meta.step == 0.0f ||
+                          (p.meta.step >= FLT_MIN && p.meta.step <= 0x1p125f && !below_rounded)));
+    if (overflows) REQUIRE(p.divide);
     if (!p.divide && p.meta.step > 0.0f) {
       REQUIRE(p.inv_step < 1.0 / p.meta.step);
       REQUIRE(p.inv_step > (1.0 / p.meta.step) * (1 - 0x1p-21));  // a few floats at most

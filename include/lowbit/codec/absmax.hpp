@@ -73,7 +73,11 @@ struct absmax {
   /// stochastic rounding resolves up to 6 bits and 0.016 of a step at 16 bits; under
   /// 5e-7 of the value at every width. Steps outside [FLT_MIN, max_scaled_step] (where
   /// the step or the reciprocal is subnormal, infinite or nan, the last a poisoned block)
-  /// divide and clamp instead.
+  /// divide and clamp instead. So do the steps make_meta took one float below the rounded
+  /// quotient (absmax within a few floats of FLT_MAX): such a step is below
+  /// absmax / levels, the premise above fails, and |x| / step may exceed levels. They are
+  /// told apart by the float above them, whose outermost level overflows (a step that
+  /// was not stepped down and shares that mark divides too, needlessly but correctly).
   struct params_type {
     meta_type meta;
     float inv_step = 0.0f;  ///< just below 1/step; 0 for an all-zero block
@@ -92,17 +96,32 @@ struct absmax {
   static constexpr float levels =
       zero_grid ? static_cast<float>(half_levels - 1) : static_cast<float>(half_levels) - 0.5f;
 
+  /// True when the outermost level of `step`, levels * step, rounds to inf.
+  LOWBIT_HD static bool outer_level_overflows(float step) {
+    return !(detail::fmul(step, levels) <= FLT_MAX);
+  }
+
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan()};
-    // Only 1 bit (levels 1/2) can overflow, for absmax above FLT_MAX / 2: FLT_MAX keeps
-    // the decoded values finite (+-FLT_MAX / 2, still within a step of every input).
+    // Finite in, finite out. The step is absmax / levels rounded to nearest, so the
+    // outermost level levels * step may round above FLT_MAX when the quotient rounded up
+    // and absmax is within a few floats of FLT_MAX; every level is then stepped one float
+    // down, which is enough: for b >= 2 (levels >= 1, the quotient finite) rounding chose
+    // the step over the float below it, so absmax / levels is at least their midpoint,
+    // above the float below; levels times that is below absmax <= FLT_MAX, and so is
+    // every level (the decode's rounding cannot pass the float FLT_MAX). The end levels
+    // then fall short of +-absmax by at most levels floats of the step (under 2^(b-24) of
+    // a step), and the encoder clamps there (see params_type). At 1 bit (levels 1/2) the step 2 *
+    // absmax is inf for absmax above FLT_MAX / 2: the float below is FLT_MAX, the levels
+    // +-FLT_MAX / 2, still within a step of every input.
     const float step = detail::fdiv(s.absmax(), levels);
-    return {step <= FLT_MAX ? step : FLT_MAX};
+    return {outer_level_overflows(step) ? detail::float_below(step) : step};
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {
     params_type p{m, 0.0f, false};
-    if (m.step >= FLT_MIN && m.step <= max_scaled_step) {
+    if (m.step >= FLT_MIN && m.step <= max_scaled_step &&
+        !outer_level_overflows(detail::float_above(m.step))) {
       p.inv_step = detail::bits_float(detail::float_bits(detail::fdiv(1.0f, m.step)) - 3u);
     } else {
       p.divide = !(m.step == 0.0f);  // see max_scaled_step; nan: poisoned, coded Lo throughout

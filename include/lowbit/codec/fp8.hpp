@@ -1,6 +1,7 @@
 // FP8 quantizers (E4M3 and E5M2, OCP formats) with an fp32 scale per block.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 
 #include "lowbit/codec/block_stats.hpp"
@@ -49,7 +50,15 @@ struct fp8 {
 
   LOWBIT_HD static meta_type make_meta(const block_stats& s) {
     if (s.poisoned()) return {detail::quiet_nan()};
-    return {detail::fdiv(s.absmax(), Format::max_value)};
+    // Finite in, finite out: the largest code decodes to max_value * scale, which may
+    // round above FLT_MAX when the scale rounded up and absmax is within a few floats of
+    // FLT_MAX; the float below the scale is then under absmax / max_value (rounding
+    // chose the scale over it), so every code decodes to at most absmax, and the encoder
+    // clamps the few inputs beyond the largest code. For E4M3 and E5M2 this never
+    // happens (their max_value is 7 * 2^k, and no float near FLT_MAX divided by 7 rounds
+    // up far enough), but other formats' can.
+    const float scale = detail::fdiv(s.absmax(), Format::max_value);
+    return {detail::fmul(scale, Format::max_value) <= FLT_MAX ? scale : detail::float_below(scale)};
   }
 
   LOWBIT_HD static params_type make_params(const meta_type& m) {

@@ -91,6 +91,24 @@ LOWBIT_HD float fdiv(float a, float b) {
 #endif
 }
 
+/// a * b + c rounded once, to nearest even: `__fmaf_rn` on the device, std::fma on the
+/// host (exact on every IEEE host: one instruction where the target has FMA, a libm call
+/// otherwise). The same bits on both sides, and a * b may exceed FLT_MAX when the sum
+/// does not.
+LOWBIT_HD float ffma(float a, float b, float c) {
+#if LOWBIT_DEVICE_PASS
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+/// The float just below a positive x (FLT_MAX for +inf), by its bits.
+LOWBIT_HD float float_below(float x) { return bits_float(float_bits(x) - 1u); }
+
+/// The float just above a non-negative finite x (+inf for FLT_MAX), by its bits.
+LOWBIT_HD float float_above(float x) { return bits_float(float_bits(x) + 1u); }
+
 /// 1.5 * 2^23. For |t| <= 2^22, t + round_magic lands in [2^23, 2^24), where floats are
 /// exactly the integers: the addition itself rounds t to an integer, which then sits in
 /// the low mantissa bits. This does in the FP32 pipe what a conversion instruction
