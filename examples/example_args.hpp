@@ -19,7 +19,8 @@ struct args {
   int iters = 20;
   std::uint64_t seed = 1;
   bool avg = false;
-  bool flat = false;  ///< schedule::flat instead of pipelined<4> (NCCL example)
+  bool flat = false;    ///< schedule::flat instead of pipelined<4> (NCCL example)
+  bool verify = false;  ///< checked mode: a fingerprint all-gather before each call
 };
 
 inline args parse(int argc, char** argv) {
@@ -43,10 +44,13 @@ inline args parse(int argc, char** argv) {
       a.avg = true;
     else if (k == "--flat")
       a.flat = true;
+    else if (k == "--verify")
+      a.verify = true;
     else {
       std::fprintf(
           stderr,
-          "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat]\n",
+          "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat] "
+          "[--verify]\n",
           argv[0]);
       std::exit(k == "--help" || k == "-h" ? 0 : 2);
     }

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     lowbit::collective_options opts;
     opts.seed = a.seed;
     opts.op = a.avg ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
+    opts.verify = a.verify;
     lowbit::mpi::dynamic_all_reduce<float, codec> reduce(comm, a.count, opts);
 
     const auto in = example::input(a.count, comm.rank(), a.seed);

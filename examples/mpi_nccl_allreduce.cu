@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
     lowbit::collective_options opts;
     opts.seed = a.seed;
     opts.op = a.avg ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
+    opts.verify = a.verify;
     auto run = [&](auto& reduce, const char* schedule) {
       const auto in = example::input(a.count, rank, a.seed);
       std::vector<float> out(a.count);
