@@ -474,7 +474,11 @@ class engine {
     h.seq = seq;
     h.bits = static_cast<std::uint16_t>(Codec::bits);
     h.rank = static_cast<std::uint32_t>(rank_);
-    cc_ = call_check(who, h, opts_.timeout, P_);
+    cc_.who = who;  // reassigned in place: a call allocates nothing once warm
+    cc_.want = h;
+    cc_.timeout = opts_.timeout;
+    cc_.error.clear();
+    cc_.bad.assign(static_cast<std::size_t>(P_), 0);
     if (opts_.verify) {
       be_.set_check_stream(stream);
       verify(cc_);
