@@ -1,5 +1,8 @@
 // Everything in lowbit that compiles with a plain C++ compiler: core types, the codec
-// and the host executor. CUDA kernels and NCCL collectives are in lowbit.cuh.
+// and the host executor. lowbit::lowbit is all it needs: no CUDA, NCCL, MPI or JSON
+// library. (Where CUDA's or NCCL's headers are on the include path anyway, it uses them
+// for __half / __nv_bfloat16 and the LOWBIT_CUDA_TRY / LOWBIT_NCCL_TRY macros.)
+// CUDA kernels and NCCL collectives are in lowbit.cuh (lowbit::nccl).
 #pragma once
 
 #include "lowbit/codec/codec.hpp"
