@@ -284,9 +284,9 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     const auto lowbit_call = [&](cudaStream_t s) {
       if constexpr (Kind == coll_kind::all_gather) {
         const auto r = coll.shard(count);
-        coll(in + r.begin, out, count, s);
+        coll.async(in + r.begin, out, count, s);
       } else {
-        coll(in, out, count, s);
+        coll.async(in, out, count, s);
       }
     };
     const auto nccl_call = [&](cudaStream_t s) {

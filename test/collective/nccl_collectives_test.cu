@@ -50,7 +50,7 @@ struct harness {
   template <class C, class T>
   static void call(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count) {
     dvec<T> din(in), dout(out.size());
-    c(din.p, dout.p, count, g_stream);
+    c.async(din.p, dout.p, count, g_stream);
     g_comm->sync(g_stream);
     dout.to(out);
   }
@@ -58,7 +58,7 @@ struct harness {
   static void call_in_place(C& c, std::vector<T>& buf, std::size_t in_off, std::size_t out_off,
                             std::size_t count) {
     dvec<T> d(buf);
-    c(d.p + in_off, d.p + out_off, count, g_stream);
+    c.async(d.p + in_off, d.p + out_off, count, g_stream);
     g_comm->sync(g_stream);
     d.to(buf);
   }
@@ -67,14 +67,14 @@ struct harness {
                        std::size_t count) {
     using T = typename C::value_type;
     dvec<T> din(in ? count : 0), dout(out ? count : 0);
-    c(din.p, dout.p, count, g_stream);
+    c.async(din.p, dout.p, count, g_stream);
     g_comm->sync(g_stream);
   }
   template <class C, class T>
   static void call_typed(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count,
                          data_type type) {
     dvec<T> din(in), dout(out.size());
-    c(static_cast<const void*>(din.p), static_cast<void*>(dout.p), count, type, g_stream);
+    c.async(static_cast<const void*>(din.p), static_cast<void*>(dout.p), count, type, g_stream);
     g_comm->sync(g_stream);
     dout.to(out);
   }
@@ -82,7 +82,7 @@ struct harness {
   static void call_dynamic(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count,
                            int bits) {
     dvec<T> din(in), dout(out.size());
-    c(din.p, dout.p, count, bits, g_stream);
+    c.async(din.p, dout.p, count, bits, g_stream);
     g_comm->sync(g_stream);
     dout.to(out);
   }
@@ -127,7 +127,7 @@ void check_host_device(std::size_t count, int steps, std::uint64_t salt,
   std::vector<T> a(count), b(count);
   int mismatched_steps = 0;
   for (int t = 0; t < steps; ++t) {
-    dev(din.p, dout.p, count, g_stream);
+    dev.async(din.p, dout.p, count, g_stream);
     g_comm->sync(g_stream);
     dout.to(a);
     host(in.mine().data(), b.data(), count);
@@ -194,13 +194,13 @@ TEST_CASE("reduce_scatter and all_gather match the host backend on every transpo
                                                                                   count, o);
     std::vector<float> a(count), b(count);
     dvec<float> din(in.mine()), dout(count);
-    rs(din.p, dout.p, count, g_stream);
+    rs.async(din.p, dout.p, count, g_stream);
     g_comm->sync(g_stream);
     dout.to(a);
     rs_host(in.mine().data(), b.data(), count);
     const std::size_t shard = rs.shard(count).count;
     CHECK(std::memcmp(a.data(), b.data(), shard * sizeof(float)) == 0);
-    ag(din.p, dout.p, count, g_stream);
+    ag.async(din.p, dout.p, count, g_stream);
     g_comm->sync(g_stream);
     dout.to(a);
     ag_host(in.mine().data(), b.data(), count);
@@ -217,14 +217,14 @@ void check_graph(std::size_t count, frame_transport transport = frame_transport:
   lowbit::all_reduce<float, C, feedback::none, S, backend::nccl> reduce(*g_comm, count, o);
   dvec<float> din(in.mine()), dout(count);
   std::vector<float> eager(count), replay(count);
-  reduce(din.p, dout.p, count, g_stream);  // step 0, eagerly
+  reduce.async(din.p, dout.p, count, g_stream);  // step 0, eagerly
   g_comm->sync(g_stream);
   dout.to(eager);
   reduce.set_step(0);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   LOWBIT_CUDA_TRY(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
-  reduce(din.p, dout.p, count, g_stream);  // captured: no host sync, no allocation
+  reduce.async(din.p, dout.p, count, g_stream);  // captured: no host sync, no allocation
   LOWBIT_CUDA_TRY(cudaStreamEndCapture(g_stream, &graph));
   LOWBIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
   int wrong = 0;
@@ -263,7 +263,7 @@ TEST_CASE("below the crossover each collective is the plain NCCL collective, bit
   std::vector<T> a(count), b(count);
 
   lowbit::all_reduce<T, C4, feedback::none, schedule::flat, backend::nccl> ar(*g_comm, count, o);
-  ar(din.p, dout.p, count, g_stream);
+  ar.async(din.p, dout.p, count, g_stream);
   LOWBIT_NCCL_TRY(
       ncclAllReduce(din.p, dref.p, count, ncclBfloat16, ncclSum, g_comm->get(), g_stream));
   g_comm->sync(g_stream);
@@ -275,14 +275,14 @@ TEST_CASE("below the crossover each collective is the plain NCCL collective, bit
   lowbit::reduce_scatter<T, C4, feedback::none, schedule::flat, backend::nccl> rs(*g_comm, count,
                                                                                   o);
   const schedule::range sh = rs.shard(count);
-  rs(din.p, dout.p, count, g_stream);
+  rs.async(din.p, dout.p, count, g_stream);
   g_comm->sync(g_stream);
   dout.to(a);
   CHECK(std::memcmp(a.data(), b.data() + sh.begin, sh.count * sizeof(T)) == 0);
 
   // all_gather: every rank's shard in place, exactly.
   lowbit::all_gather<T, C4, schedule::flat, backend::nccl> ag(*g_comm, count, o);
-  ag(din.p + ag.shard(count).begin, dout.p, count, g_stream);
+  ag.async(din.p + ag.shard(count).begin, dout.p, count, g_stream);
   g_comm->sync(g_stream);
   dout.to(a);
   for (int p = 0; p < g_comm->size(); ++p) {
@@ -331,7 +331,7 @@ TEST_CASE("collectives on one communicator share its zero-CTA split and peer pro
     host_type host(host_comm(), count, o);
     dvec<float> din(in.mine()), dout(count);
     std::vector<float> x(count), y(count);
-    ag(din.p, dout.p, count, g_stream);
+    ag.async(din.p, dout.p, count, g_stream);
     c.sync(g_stream);
     dout.to(x);
     host(in.mine().data(), y.data(), count);

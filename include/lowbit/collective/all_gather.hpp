@@ -45,8 +45,18 @@ class all_gather
 
   /// in[0, shard(count).count) is my shard; out[0, count) gets the whole tensor.
   /// In place: in = out + shard(count).begin.
+  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
-    this->engine_.template all_gather<Codec>(in, out, count, stream, "lowbit::all_gather");
+    run(in, out, count, stream);
+    this->sync(stream);
+  }
+  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// the host, so it can be captured in a CUDA graph; order later work after it on the
+  /// stream, or wait with sync(stream).
+  void async(const T* in, T* out, std::size_t count, stream_type stream) {
+    base::require_async();
+    run(in, out, count, stream);
   }
 
   /// Untyped buffers: throws lowbit::invalid_argument unless `type` is T's.
@@ -54,6 +64,15 @@ class all_gather
                   stream_type stream = {}) {
     base::check_type(type, "lowbit::all_gather");
     (*this)(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
+  }
+  void async(const void* in, void* out, std::size_t count, data_type type, stream_type stream) {
+    base::check_type(type, "lowbit::all_gather");
+    async(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
+  }
+
+ private:
+  void run(const T* in, T* out, std::size_t count, stream_type stream) {
+    this->engine_.template all_gather<Codec>(in, out, count, stream, "lowbit::all_gather");
   }
 };
 

@@ -56,10 +56,20 @@ class all_reduce
   /// would leave dangling.
   all_reduce(const comm_type&&, std::size_t, const collective_options& = {}) = delete;
 
-  /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed),
-  /// asynchronously on `stream` (NCCL) or before returning (MPI). count 0 is a no-op.
+  /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed). count 0
+  /// is a no-op.
+  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
-    this->engine_.template all_reduce<Codec>(in, out, count, stream, "lowbit::all_reduce");
+    run(in, out, count, stream);
+    this->sync(stream);
+  }
+  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// the host, so it can be captured in a CUDA graph; order later work after it on the
+  /// stream, or wait with sync(stream).
+  void async(const T* in, T* out, std::size_t count, stream_type stream) {
+    base::require_async();
+    run(in, out, count, stream);
   }
 
   /// The same with untyped buffers: throws lowbit::invalid_argument unless `type` is T's.
@@ -68,7 +78,17 @@ class all_reduce
     base::check_type(type, "lowbit::all_reduce");
     (*this)(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
   }
+  void async(const void* in, void* out, std::size_t count, data_type type, stream_type stream) {
+    base::check_type(type, "lowbit::all_reduce");
+    async(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
+  }
 
+ private:
+  void run(const T* in, T* out, std::size_t count, stream_type stream) {
+    this->engine_.template all_reduce<Codec>(in, out, count, stream, "lowbit::all_reduce");
+  }
+
+ public:
   /// The algorithm calls run: one_shot or two_phase (options().algorithm resolved).
   all_reduce_algorithm algorithm() const noexcept { return this->engine_.algorithm(); }
   /// The feedback state (its buffers are host or device memory, as the backend's).
@@ -118,9 +138,21 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   /// True when `bits` is one of the compiled widths.
   static constexpr bool supports(int bits) noexcept { return ((bits == Bits) || ...); }
 
-  /// all_reduce at `bits` bits; throws lowbit::invalid_argument for a width outside
-  /// the compiled set.
+  /// all_reduce at `bits` bits, returning when `out` holds the result (as
+  /// all_reduce::operator()); throws lowbit::invalid_argument for a width outside the
+  /// compiled set.
   void operator()(const T* in, T* out, std::size_t count, int bits, stream_type stream = {}) {
+    run(in, out, count, bits, stream);
+    this->sync(stream);
+  }
+  /// The same, enqueued on `stream` (NCCL only), as all_reduce::async.
+  void async(const T* in, T* out, std::size_t count, int bits, stream_type stream) {
+    base::require_async();
+    run(in, out, count, bits, stream);
+  }
+
+ private:
+  void run(const T* in, T* out, std::size_t count, int bits, stream_type stream) {
     if (!supports(bits)) {
       std::string set;
       ((set += (set.empty() ? "" : ", ") + std::to_string(Bits)), ...);
@@ -134,6 +166,7 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
            ...);
   }
 
+ public:
   /// The algorithm calls run: one_shot or two_phase (collective_options::algorithm resolved).
   all_reduce_algorithm algorithm() const noexcept { return this->engine_.algorithm(); }
 };

@@ -71,9 +71,9 @@ std::size_t calibrate_crossover(Collective& coll, comm::nccl_comm& comm, cudaStr
   // Mean milliseconds of `iters` calls after one warm-up, with the crossover at `x`.
   auto time_calls = [&](std::size_t n, std::size_t x) {
     coll.set_crossover_bytes(x);
-    coll(in.data(), out.data(), n, stream);
+    coll.async(in.data(), out.data(), n, stream);
     LOWBIT_CUDA_TRY(cudaEventRecord(start, stream));
-    for (int i = 0; i < iters; ++i) coll(in.data(), out.data(), n, stream);
+    for (int i = 0; i < iters; ++i) coll.async(in.data(), out.data(), n, stream);
     LOWBIT_CUDA_TRY(cudaEventRecord(stop, stream));
     comm.sync(stream);
     float ms = 0;

@@ -48,8 +48,18 @@ class reduce_scatter
   /// Reduces in[0, count) over the ranks; out[0, shard(count).count) gets my shard.
   /// `out` may alias `in` only in place, as out = in + shard(count).begin (what NCCL's own
   /// in-place reduce_scatter is, below the crossover); other overlaps are undefined.
+  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
-    this->engine_.template reduce_scatter<Codec>(in, out, count, stream, "lowbit::reduce_scatter");
+    run(in, out, count, stream);
+    this->sync(stream);
+  }
+  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// the host, so it can be captured in a CUDA graph; order later work after it on the
+  /// stream, or wait with sync(stream).
+  void async(const T* in, T* out, std::size_t count, stream_type stream) {
+    base::require_async();
+    run(in, out, count, stream);
   }
 
   /// Untyped buffers: throws lowbit::invalid_argument unless `type` is T's.
@@ -57,6 +67,15 @@ class reduce_scatter
                   stream_type stream = {}) {
     base::check_type(type, "lowbit::reduce_scatter");
     (*this)(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
+  }
+  void async(const void* in, void* out, std::size_t count, data_type type, stream_type stream) {
+    base::check_type(type, "lowbit::reduce_scatter");
+    async(static_cast<const T*>(in), static_cast<T*>(out), count, stream);
+  }
+
+ private:
+  void run(const T* in, T* out, std::size_t count, stream_type stream) {
+    this->engine_.template reduce_scatter<Codec>(in, out, count, stream, "lowbit::reduce_scatter");
   }
 };
 

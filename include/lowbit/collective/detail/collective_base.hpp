@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "lowbit/collective/detail/checks.hpp"
 #include "lowbit/collective/detail/engine.hpp"
@@ -69,6 +70,13 @@ class collective_base {
                   const collective_options& opts, collective_kind kind, const char* who)
       : engine_(comm, max_count, opts, kind, who) {}
   ~collective_base() = default;
+
+  /// async() exists on the NCCL backend only: a readable error elsewhere.
+  static void require_async() {
+    static_assert(std::is_same_v<Backend, backend::nccl>,
+                  "lowbit: async() enqueues a call on a CUDA stream, which only the NCCL backend "
+                  "has; on the MPI backend operator() completes the call before returning");
+  }
 
   /// The untyped entry points' check: throws lowbit::invalid_argument unless `type` is T's.
   static void check_type(data_type type, const char* who) {
