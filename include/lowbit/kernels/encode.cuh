@@ -96,8 +96,10 @@ struct state_rows {
   }
 };
 
+/// What the kernels that encode (encode, reduce) derive from Codec, T and Feedback: the
+/// lane layout, the staged feedback state and the staging area's element size.
 template <class Codec, class T, class Feedback>
-struct encode_traits {
+struct coding_traits {
   using layout = lane_layout<Codec::groups_per_block>;
   using staged = staged_feedback<Feedback>;
   using state_type = typename staged::state_type;
@@ -105,12 +107,16 @@ struct encode_traits {
                                          ? static_cast<int>(sizeof(state_type))
                                          : static_cast<int>(sizeof(T));
   static constexpr int warps = launch_policy::max_threads / 32;
+};
+
+template <class Codec, class T, class Feedback>
+struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// With staged feedback a lane holds its state beside the values and codes: left
   /// alone, ptxas used 145 registers, one 8-warp CTA fit an SM, and the bf16 residual
   /// encode of 2^29 values took 2114 us. Two CTAs per SM cap it at 128 registers (a
   /// 60-byte spill): 1560 us (fp32 residual, 2^28 values: 962 -> 798 us). Three would
   /// cap it at 80 and spill 2.5 KB.
-  static constexpr int min_blocks = staged::value ? 2 : 1;
+  static constexpr int min_blocks = staged_feedback<Feedback>::value ? 2 : 1;
 };
 
 template <class Codec, class T, class Feedback>
@@ -125,15 +131,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
   using R = typename traits::state_type;
   __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const warp_walk w;
+  const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
-  const std::size_t blocks = Codec::num_blocks(count);
-  const std::size_t tiles = tile_count<layout>(blocks);
-  const std::size_t codes_offset = Codec::codes_offset(count);
 
-  for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
-    const tile_lanes<layout> t(tile, lane, count, blocks);
+  for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
+    const tile_lanes<layout> t(tile, lane, count, w.blocks);
 
     float c[32];
     if constexpr (staged::value) {
@@ -155,13 +158,13 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
                                      t.valid, c);
         st.load(state, t.tile_n, t.full && state_vector, s, lane);
       }
-      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, codes_offset,
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
                                   key, index0 + t.first, staged::bind(st.v));
       st.store(state, t.tile_n, t.full && state_vector, s, lane);
     } else {
       load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
                                    c);
-      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, codes_offset,
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
                                   key, index0 + t.first, fb.shifted(t.first));
     }
   }

@@ -30,39 +30,25 @@ namespace lowbit::kernels {
 namespace detail {
 
 template <class Codec, class T, class Feedback>
-struct reduce_traits {
-  using layout = lane_layout<Codec::groups_per_block>;
-  using staged = staged_feedback<Feedback>;
-  using state_type = typename staged::state_type;
-  static constexpr int staged_size = staged::value && sizeof(state_type) > sizeof(T)
-                                         ? static_cast<int>(sizeof(state_type))
-                                         : static_cast<int>(sizeof(T));
-};
-
-template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
                   float reduced_scale, bool requantized_out, bool out_vector, bool state_vector) {
-  using traits = reduce_traits<Codec, T, Feedback>;
+  using traits = coding_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
   using R = typename traits::state_type;
   using tile_t = warp_tile<T, layout>;
   using meta_type = typename Codec::meta_type;
-  __shared__ __align__(
-      16) unsigned char smem[launch_policy::max_threads / 32][staging_bytes(traits::staged_size)];
+  __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const warp_walk w;
+  const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
-  const std::size_t blocks = Codec::num_blocks(count);
-  const std::size_t tiles = tile_count<layout>(blocks);
-  const std::size_t codes_offset = Codec::codes_offset(count);
 
-  for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
-    const tile_lanes<layout> t(tile, lane, count, blocks);
+  for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
+    const tile_lanes<layout> t(tile, lane, count, w.blocks);
 
     float c[32];
     LOWBIT_UNROLL
@@ -71,7 +57,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
       const std::byte* f = frames;
       for (int p = 0; p < num_frames; ++p, f += frame_stride) {
         std::uint32_t words[Codec::bits];
-        load_words<Codec::bits>(f + codes_offset + t.group * Codec::group_bytes, words);
+        load_words<Codec::bits>(f + w.codes_offset + t.group * Codec::group_bytes, words);
         const meta_type m = load_meta<meta_type>(f, t.block);
         std::uint32_t codes[32];
         Codec::unpack(words, codes);
@@ -106,12 +92,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         R* state = staged::state(fb) + t.tile_first;
         st.load(state, t.tile_n, t.full && state_vector, s, lane);
         encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, out_frame,
-                                    codes_offset, key, index0 + t.first, staged::bind(st.v),
+                                    w.codes_offset, key, index0 + t.first, staged::bind(st.v),
                                     requantized_out);
         st.store(state, t.tile_n, t.full && state_vector, s, lane);
       } else {
         encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, out_frame,
-                                    codes_offset, key, index0 + t.first, fb.shifted(t.first),
+                                    w.codes_offset, key, index0 + t.first, fb.shifted(t.first),
                                     requantized_out);
       }
       if (reduced_out != nullptr && requantized_out) write_out();
@@ -145,7 +131,7 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
     state_vector = aligned16(staged::state(fb));
   }
   if (count == 0) return;
-  using layout = typename reduce_traits<Codec, T, Feedback>::layout;
+  using layout = typename coding_traits<Codec, T, Feedback>::layout;
   const std::size_t tiles = tile_count<layout>(Codec::num_blocks(count));
   reduce_kernel<Codec, T, Feedback>
       <<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(

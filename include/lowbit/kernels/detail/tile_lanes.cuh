@@ -31,6 +31,20 @@ struct warp_walk {
   }
 };
 
+/// warp_walk over the tiles of a tensor of `count` values coded by `Codec` and laid out
+/// by `Layout`, with the tensor's block count, tile count and the frame's codes offset.
+template <class Codec, class Layout>
+struct codec_walk : warp_walk {
+  std::size_t blocks;
+  std::size_t tiles;
+  std::size_t codes_offset;
+
+  __device__ __forceinline__ explicit codec_walk(std::size_t count)
+      : blocks(Codec::num_blocks(count)),
+        tiles(tile_count<Layout>(blocks)),
+        codes_offset(Codec::codes_offset(count)) {}
+};
+
 /// One warp tile of `count` values laid out by `Layout` (a lane_layout), seen from `lane`:
 /// the tile's values, and the lane's quantizer block and packing group in the tensor.
 /// A lane is live when it codes a group of one of the tensor's `blocks` blocks; its group
