@@ -34,10 +34,11 @@ class error : public std::runtime_error {
   std::string message_;
 };
 
-/// A CUDA runtime call failed; `code()` is the cudaError_t value as an int.
-class cuda_error : public error {
+/// A call into a library that reports failure as an integer status failed; `code()` is
+/// that status. Catch this for any of cuda_error, nccl_error and mpi_error.
+class coded_error : public error {
  public:
-  cuda_error(const char* file, int line, int code, const std::string& message)
+  coded_error(const char* file, int line, int code, const std::string& message)
       : error(file, line, message), code_(code) {}
   int code() const noexcept { return code_; }
 
@@ -45,15 +46,23 @@ class cuda_error : public error {
   int code_;
 };
 
-/// An NCCL call failed (or a communicator reported an asynchronous error).
-class nccl_error : public error {
+/// A CUDA runtime call failed; `code()` is the cudaError_t value as an int.
+class cuda_error : public coded_error {
  public:
-  nccl_error(const char* file, int line, int code, const std::string& message)
-      : error(file, line, message), code_(code) {}
-  int code() const noexcept { return code_; }
+  using coded_error::coded_error;
+};
 
- private:
-  int code_;
+/// An NCCL call failed (or a communicator reported an asynchronous error); `code()` is
+/// the ncclResult_t value as an int.
+class nccl_error : public coded_error {
+ public:
+  using coded_error::coded_error;
+};
+
+/// An MPI call failed (host backend); `code()` is the MPI error code.
+class mpi_error : public coded_error {
+ public:
+  using coded_error::coded_error;
 };
 
 /// A caller broke a precondition: null or misaligned pointer, count over the
@@ -78,17 +87,6 @@ class timeout_error : public error {
 class agreement_error : public error {
  public:
   using error::error;
-};
-
-/// An MPI call failed (host backend).
-class mpi_error : public error {
- public:
-  mpi_error(const char* file, int line, int code, const std::string& message)
-      : error(file, line, message), code_(code) {}
-  int code() const noexcept { return code_; }
-
- private:
-  int code_;
 };
 
 }  // namespace lowbit

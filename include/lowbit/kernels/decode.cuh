@@ -13,6 +13,7 @@
 #include "lowbit/kernels/detail/frame_io.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
+#include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
 
@@ -72,33 +73,30 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   using tile_t = warp_tile<T, layout>;
   __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
                                              [staging_bytes(static_cast<int>(sizeof(T)))];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  unsigned char* s = smem[warp];
+  const warp_walk w;
+  const int lane = w.lane;
+  unsigned char* s = smem[w.warp];
+  // A block of this layout is one packing group. (Counting tiles from the groups, or
+  // testing t.live below, is the same and compiles a few instructions longer.)
+  const std::size_t groups = (count + 31) / 32;
   const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
   const std::size_t codes_offset = Codec::codes_offset(count);
-  const std::size_t warps_per_cta = blockDim.x / 32;
 
-  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
-       tile += gridDim.x * warps_per_cta) {
-    const std::size_t tile_first = tile * layout::values_per_warp;
-    const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n =
-        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
-    const std::size_t group = tile * 32 + lane;
+  for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
+    const tile_lanes<layout> t(tile, lane, count, groups);
     typename tile_t::row r;
-    if (group * 32 < count) {
+    if (t.first < count) {
       // Up to 4 bits, frame p + 1's group is loaded before frame p's is decoded, so a lane
       // keeps a load in flight while it computes: 2^29 values from two bf16 4-bit frames,
       // 486 -> 470 us. Wider codes would spill under the 2-byte outputs' register cap (36
       // bytes at 8 bits), so they load each frame as they decode it.
       constexpr bool prefetch = Codec::bits <= 4;
       packed_group<Codec> cur;
-      cur.load(frame, codes_offset, group);
+      cur.load(frame, codes_offset, t.group);
       float y[32];
       if (sum && num_frames > 1) {
         packed_group<Codec> next;
-        if constexpr (prefetch) next.load(frame + frame_stride, codes_offset, group);
+        if constexpr (prefetch) next.load(frame + frame_stride, codes_offset, t.group);
         cur.decode(y);
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
@@ -106,9 +104,9 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
           const std::byte* following = frame + static_cast<std::size_t>(p + 1) * frame_stride;
           if constexpr (prefetch) {
             cur = next;
-            if (p + 1 < num_frames) next.load(following, codes_offset, group);
+            if (p + 1 < num_frames) next.load(following, codes_offset, t.group);
           } else {
-            cur.load(frame + static_cast<std::size_t>(p) * frame_stride, codes_offset, group);
+            cur.load(frame + static_cast<std::size_t>(p) * frame_stride, codes_offset, t.group);
           }
           float z[32];
           cur.decode(z);
@@ -129,8 +127,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
         raw_bits<T>::set(r.w, i, from_float<T>(v));
       }
     }
-    store_group_values<T, layout>(out + tile_first, tile_n,
-                                  out_vector && tile_n == layout::values_per_warp, s, lane, r);
+    store_group_values<T, layout>(out + t.tile_first, t.tile_n, out_vector && t.full, s, lane, r);
   }
 }
 

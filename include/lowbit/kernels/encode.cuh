@@ -14,6 +14,7 @@
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/staged_feedback.cuh"
+#include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
 
@@ -95,8 +96,10 @@ struct state_rows {
   }
 };
 
+/// What the kernels that encode (encode, reduce) derive from Codec, T and Feedback: the
+/// lane layout, the staged feedback state and the staging area's element size.
 template <class Codec, class T, class Feedback>
-struct encode_traits {
+struct coding_traits {
   using layout = lane_layout<Codec::groups_per_block>;
   using staged = staged_feedback<Feedback>;
   using state_type = typename staged::state_type;
@@ -104,12 +107,16 @@ struct encode_traits {
                                          ? static_cast<int>(sizeof(state_type))
                                          : static_cast<int>(sizeof(T));
   static constexpr int warps = launch_policy::max_threads / 32;
+};
+
+template <class Codec, class T, class Feedback>
+struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// With staged feedback a lane holds its state beside the values and codes: left
   /// alone, ptxas used 145 registers, one 8-warp CTA fit an SM, and the bf16 residual
   /// encode of 2^29 values took 2114 us. Two CTAs per SM cap it at 128 registers (a
   /// 60-byte spill): 1560 us (fp32 residual, 2^28 values: 962 -> 798 us). Three would
   /// cap it at 80 and spill 2.5 KB.
-  static constexpr int min_blocks = staged::value ? 2 : 1;
+  static constexpr int min_blocks = staged_feedback<Feedback>::value ? 2 : 1;
 };
 
 template <class Codec, class T, class Feedback>
@@ -124,55 +131,41 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
   using R = typename traits::state_type;
   __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  unsigned char* s = smem[warp];
-  const std::size_t blocks = Codec::num_blocks(count);
-  const std::size_t tiles = (blocks + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
-  const std::size_t codes_offset = Codec::codes_offset(count);
-  const std::size_t warps_per_cta = blockDim.x / 32;
+  const codec_walk<Codec, layout> w(count);
+  const int lane = w.lane;
+  unsigned char* s = smem[w.warp];
 
-  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
-       tile += gridDim.x * warps_per_cta) {
-    const std::size_t tile_first = tile * layout::values_per_warp;
-    const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n =
-        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
-    const bool full = tile_n == layout::values_per_warp;
-
-    const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
-    const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
-    const bool live = layout::lane_active(lane) && block < blocks;
-    const std::size_t first = group * 32;
-    const int valid =
-        !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+  for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
+    const tile_lanes<layout> t(tile, lane, count, w.blocks);
 
     float c[32];
     if constexpr (staged::value) {
       state_rows<R, layout> st;
-      R* state = staged::state(fb) + tile_first;
-      if (full && x_vector && state_vector) {
+      R* state = staged::state(fb) + t.tile_first;
+      if (t.full && x_vector && state_vector) {
         // Both global reads in flight before either transpose waits on one.
         using x_tile = warp_tile<T, layout>;
         typename x_tile::striped xv;
         typename state_rows<R, layout>::tile_t::striped sv;
-        x_tile::load_ro(x + tile_first, lane, xv);
+        x_tile::load_ro(x + t.tile_first, lane, xv);
         state_rows<R, layout>::tile_t::load_rw(state, lane, sv);
         typename x_tile::row r;
         x_tile::transpose_in(s, lane, xv, r);
-        row_to_values<T, layout>(r, valid, c);
+        row_to_values<T, layout>(r, t.valid, c);
         st.load_staged(sv, s, lane);
       } else {
-        load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
-        st.load(state, tile_n, full && state_vector, s, lane);
+        load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane,
+                                     t.valid, c);
+        st.load(state, t.tile_n, t.full && state_vector, s, lane);
       }
-      encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
-                                  index0 + first, staged::bind(st.v));
-      st.store(state, tile_n, full && state_vector, s, lane);
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
+                                  key, index0 + t.first, staged::bind(st.v));
+      st.store(state, t.tile_n, t.full && state_vector, s, lane);
     } else {
-      load_group_values<T, layout>(x + tile_first, tile_n, full && x_vector, s, lane, valid, c);
-      encode_group<Codec, layout>(c, valid, lane, live, block, group, frame, codes_offset, key,
-                                  index0 + first, fb.shifted(first));
+      load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
+                                   c);
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
+                                  key, index0 + t.first, fb.shifted(t.first));
     }
   }
 }
@@ -213,8 +206,7 @@ void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
   }
   if (count == 0) return;
   using layout = typename detail::encode_traits<Codec, T, Feedback>::layout;
-  const std::size_t tiles =
-      (Codec::num_blocks(count) + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  const std::size_t tiles = detail::tile_count<layout>(Codec::num_blocks(count));
   detail::encode_kernel<Codec, T, Feedback>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
           x, count, frame, key, index0, fb, detail::aligned16(x), state_vector);

@@ -21,6 +21,7 @@
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/staged_feedback.cuh"
+#include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
 #include "lowbit/kernels/encode.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
@@ -29,72 +30,45 @@ namespace lowbit::kernels {
 namespace detail {
 
 template <class Codec, class T, class Feedback>
-struct reduce_traits {
-  using layout = lane_layout<Codec::groups_per_block>;
-  using staged = staged_feedback<Feedback>;
-  using state_type = typename staged::state_type;
-  static constexpr int staged_size = staged::value && sizeof(state_type) > sizeof(T)
-                                         ? static_cast<int>(sizeof(state_type))
-                                         : static_cast<int>(sizeof(T));
-};
-
-template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
                   float reduced_scale, bool requantized_out, bool out_vector, bool state_vector) {
-  using traits = reduce_traits<Codec, T, Feedback>;
+  using traits = coding_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
   using R = typename traits::state_type;
   using tile_t = warp_tile<T, layout>;
   using meta_type = typename Codec::meta_type;
-  __shared__ __align__(
-      16) unsigned char smem[launch_policy::max_threads / 32][staging_bytes(traits::staged_size)];
+  __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  unsigned char* s = smem[warp];
-  const std::size_t blocks = Codec::num_blocks(count);
-  const std::size_t tiles = (blocks + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
-  const std::size_t codes_offset = Codec::codes_offset(count);
-  const std::size_t warps_per_cta = blockDim.x / 32;
+  const codec_walk<Codec, layout> w(count);
+  const int lane = w.lane;
+  unsigned char* s = smem[w.warp];
 
-  for (std::size_t tile = blockIdx.x * warps_per_cta + warp; tile < tiles;
-       tile += gridDim.x * warps_per_cta) {
-    const std::size_t tile_first = tile * layout::values_per_warp;
-    const std::size_t tile_rest = count - tile_first;
-    const std::size_t tile_n =
-        tile_rest < layout::values_per_warp ? tile_rest : layout::values_per_warp;
-    const bool full = tile_n == layout::values_per_warp;
-
-    const std::size_t block = tile * layout::blocks_per_warp + layout::block_of_lane(lane);
-    const std::size_t group = block * Codec::groups_per_block + layout::group_in_block(lane);
-    const bool live = layout::lane_active(lane) && block < blocks;
-    const std::size_t first = group * 32;
-    const int valid =
-        !live || first >= count ? 0 : (count - first < 32 ? static_cast<int>(count - first) : 32);
+  for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
+    const tile_lanes<layout> t(tile, lane, count, w.blocks);
 
     float c[32];
     LOWBIT_UNROLL
     for (int i = 0; i < 32; ++i) c[i] = 0.0f;
-    if (live) {
+    if (t.live) {
       const std::byte* f = frames;
       for (int p = 0; p < num_frames; ++p, f += frame_stride) {
         std::uint32_t words[Codec::bits];
-        load_words<Codec::bits>(f + codes_offset + group * Codec::group_bytes, words);
-        const meta_type m = load_meta<meta_type>(f, block);
+        load_words<Codec::bits>(f + w.codes_offset + t.group * Codec::group_bytes, words);
+        const meta_type m = load_meta<meta_type>(f, t.block);
         std::uint32_t codes[32];
         Codec::unpack(words, codes);
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i)
           c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], m));
       }
-      if (valid < 32) {
+      if (t.valid < 32) {
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i)
-          if (i >= valid) c[i] = 0.0f;
+          if (i >= t.valid) c[i] = 0.0f;
       }
     }
 
@@ -107,22 +81,24 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
         if (reduced_scale != 1.0f) v = lowbit::detail::fmul(v, reduced_scale);
         raw_bits<T>::set(r.w, i, from_float<T>(v));
       }
-      store_group_values<T, layout>(reduced_out + tile_first, tile_n, full && out_vector, s, lane,
-                                    r);
+      store_group_values<T, layout>(reduced_out + t.tile_first, t.tile_n, t.full && out_vector, s,
+                                    lane, r);
     };
     if (reduced_out != nullptr && !requantized_out) write_out();
 
     if (out_frame != nullptr) {
       if constexpr (staged::value) {
         state_rows<R, layout> st;
-        R* state = staged::state(fb) + tile_first;
-        st.load(state, tile_n, full && state_vector, s, lane);
-        encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
-                                    key, index0 + first, staged::bind(st.v), requantized_out);
-        st.store(state, tile_n, full && state_vector, s, lane);
+        R* state = staged::state(fb) + t.tile_first;
+        st.load(state, t.tile_n, t.full && state_vector, s, lane);
+        encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, out_frame,
+                                    w.codes_offset, key, index0 + t.first, staged::bind(st.v),
+                                    requantized_out);
+        st.store(state, t.tile_n, t.full && state_vector, s, lane);
       } else {
-        encode_group<Codec, layout>(c, valid, lane, live, block, group, out_frame, codes_offset,
-                                    key, index0 + first, fb.shifted(first), requantized_out);
+        encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, out_frame,
+                                    w.codes_offset, key, index0 + t.first, fb.shifted(t.first),
+                                    requantized_out);
       }
       if (reduced_out != nullptr && requantized_out) write_out();
     }
@@ -155,9 +131,8 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
     state_vector = aligned16(staged::state(fb));
   }
   if (count == 0) return;
-  using layout = typename reduce_traits<Codec, T, Feedback>::layout;
-  const std::size_t tiles =
-      (Codec::num_blocks(count) + layout::blocks_per_warp - 1) / layout::blocks_per_warp;
+  using layout = typename coding_traits<Codec, T, Feedback>::layout;
+  const std::size_t tiles = tile_count<layout>(Codec::num_blocks(count));
   reduce_kernel<Codec, T, Feedback>
       <<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
           frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
