@@ -1,5 +1,5 @@
-// Everything in lowbit that compiles with a plain C++ compiler: core types, the codec
-// and the host executor. CUDA kernels and NCCL collectives are in lowbit.cuh.
+// Everything in lowbit that compiles with a plain C++ compiler: core types, the codec,
+// the host executor and the frame-transport policy. CUDA kernels and NCCL collectives are in lowbit.cuh.
 #pragma once
 
 #include "lowbit/codec/codec.hpp"
@@ -9,4 +9,5 @@
 #include "lowbit/core/span.hpp"
 #include "lowbit/feedback/refs.hpp"
 #include "lowbit/host/codec_executor.hpp"
+#include "lowbit/transport/policy.hpp"
 #include "lowbit/version.hpp"

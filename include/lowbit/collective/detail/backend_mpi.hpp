@@ -42,7 +42,7 @@ struct backend_impl<backend::mpi> {
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
   /// MPI moves plain host memory: there is nothing to register or choose.
-  void set_transport(frame_transport, int /*widest_bits*/) {}
+  void set_transport(frame_transport, const lowbit::transport::policy&, int /*widest_bits*/) {}
   static frame_transport transport() noexcept { return frame_transport::automatic; }
   static transfer_buffer make_transfer_buffer(std::size_t bytes) { return transfer_buffer(bytes); }
   static void check_sizes(std::size_t send, std::size_t recv, std::size_t gather) {
