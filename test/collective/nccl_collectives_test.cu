@@ -15,6 +15,9 @@
 
 namespace lowbit::test {
 
+// The NCCL backend models the backend concept (collective/detail/backend_concept.hpp).
+static_assert(detail::is_backend_impl_v<detail::backend_impl<backend::nccl>>);
+
 std::unique_ptr<comm::nccl_comm> g_comm;
 cudaStream_t g_stream = nullptr;
 

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "lowbit/collective/detail/backend_concept.hpp"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/host_buffer.hpp"
@@ -280,5 +281,7 @@ struct backend_impl<backend::mpi> {
   std::vector<std::byte> aside_;  ///< a frame of unexpected size, received to be reported
   std::vector<std::byte> small_;  ///< allgather_small's result
 };
+
+static_assert(check_backend<backend_impl<backend::mpi>>());
 
 }  // namespace lowbit::detail

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "lowbit/collective/detail/backend_concept.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
@@ -262,5 +263,7 @@ struct backend_impl<backend::nccl> {
   device_buffer<std::byte> small_dev_;  ///< checked mode's fingerprints, on the device
   std::vector<std::byte> small_host_;   ///< ... and on the host
 };
+
+static_assert(check_backend<backend_impl<backend::nccl>>());
 
 }  // namespace lowbit::detail
