@@ -4,9 +4,9 @@
 //   static_assert(lowbit::detail::check_backend<backend_impl<my_tag>>());
 // and each missing or mistyped member fails with its own message.
 //
-// A backend B = backend_impl<Tag> provides, with `be` a B, `cbe` a const B, `l` a
-// detail::lane, `cc` a call_check, `s` a B::stream_type, and any element type T/U, codec
-// Codec and feedback ref Fb the engine instantiates:
+// A backend B = backend_impl<Tag> provides the following (size_t is std::size_t; T and U
+// are any element type, Codec any codec, Fb any feedback ref the engine instantiates;
+// `lane` and `call_check` are detail::'s):
 //
 // Types
 //   comm_type                   the communicator wrapper; has size(), rank(), check(who)
@@ -23,11 +23,11 @@
 //   static void check_comm(const comm_type&, const char* who)      refuses an unusable comm
 //   static void check_sizes(size_t send, size_t recv, size_t gather)
 //   void set_transport(frame_transport, const transport::policy&, int widest_bits)
-//   transfer_buffer make_transfer_buffer(size_t bytes) const-callable or not
+//   transfer_buffer make_transfer_buffer(size_t bytes)
 //   frame_transport transport() const              what moves the frames (resolved)
 // Every call
 //   void check_alive(const char* who) const
-//   void copy(const U* in, U* out, size_t n, stream_type)          a one-rank call
+//   template <class U> void copy(const U* in, U* out, size_t n, stream_type)  one rank
 //   void set_check_stream(stream_type)             checked mode: the caller's stream
 //   const std::byte* allgather_small(const void* mine, size_t bytes, call_check&)
 //                                                  checked mode: every rank's fingerprint
