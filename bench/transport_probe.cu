@@ -3,10 +3,11 @@
 //   sendrecv   grouped ncclSend/ncclRecv (an all-to-all of frames);
 //   allgather  in-place ncclAllGather on cudaMalloc memory (frame_transport::nccl);
 //   sym_ag     the same on the backend's symmetric window_buffer (nccl_symmetric);
-//   lsa_push   the backend's lsa_transport: a kernel storing this rank's slot into every
+//   lsa_push   transport::peer_stores: a kernel storing this rank's slot into every
 //              load/store-accessible peer's window between LSA barriers (peer_stores);
-//   ce_ag      sym_ag over the communicator's zero-CTA split (nccl_comm::zero_cta_split),
-//              whose all-gathers run on copy engines within a node (copy_engines).
+//   ce_ag      transport::copy_engines: sym_ag over the communicator's zero-CTA split
+//              (transport::copy_engines_comm), whose all-gathers run on copy engines within
+//              a node (copy_engines).
 // Not installed: it explains lowbit-perf's figures and chooses transports.
 //
 //   mpirun -np 2 transport-probe [min_bytes max_bytes [ctas]]   (bytes sent to each peer)
@@ -17,9 +18,11 @@
 #include <cstdlib>
 #include <vector>
 
-#include <lowbit/collective/detail/lsa_transport.cuh>
-#include <lowbit/collective/detail/window_buffer.cuh>
 #include <lowbit/comm/mpi_bootstrap.hpp>
+#include <lowbit/transport/copy_engines.cuh>
+#include <lowbit/transport/peer_stores.cuh>
+#include <lowbit/transport/policy.hpp>
+#include <lowbit/transport/window_buffer.cuh>
 
 #include "lowbit_perf/timing.hpp"
 
@@ -33,17 +36,18 @@ int main(int argc, char** argv) {
     auto comm = lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD);
     const std::size_t lo = argc > 2 ? std::strtoull(argv[1], nullptr, 10) : (1u << 20);
     const std::size_t hi = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (256u << 20);
-    const int ctas = argc > 3 ? std::atoi(argv[3]) : lowbit::detail::lsa_transport::default_ctas();
+    const int ctas =
+        argc > 3 ? std::atoi(argv[3]) : lowbit::transport::default_policy().peer_store_ctas;
     char *send, *recv;
     LOWBIT_CUDA_TRY(cudaMalloc(&send, hi * P));
     LOWBIT_CUDA_TRY(cudaMalloc(&recv, hi * P));
     ncclComm_t c = comm.get();
     // The NCCL backend's own symmetric workspace and peer-store all-gather.
-    const lowbit::detail::window_buffer win(c, hi * P, true);
-    const lowbit::detail::lsa_transport lsa(c, nullptr, ctas);
+    const lowbit::transport::window_buffer win(c, hi * P, true);
+    const lowbit::transport::peer_stores lsa(c, ctas);
     char* sym = reinterpret_cast<char*>(win.data());
-    ncclComm_t ce = comm.zero_cta_split();
-    const lowbit::detail::window_buffer ce_win(ce != nullptr ? ce : c, hi * P, true);
+    ncclComm_t ce = lowbit::transport::copy_engines_comm(comm);
+    const lowbit::transport::window_buffer ce_win(ce != nullptr ? ce : c, hi * P, true);
     char* ce_sym = reinterpret_cast<char*>(ce_win.data());
     cudaStream_t s;
     LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

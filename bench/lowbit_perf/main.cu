@@ -51,7 +51,12 @@ namespace {
       "  --algo <a>              all_reduce: automatic | two_phase | one_shot [automatic]\n"
       "  --breakdown             all_reduce: time each pass alone at the largest size\n"
       "  --transport <t>         automatic | nccl | nccl_symmetric | peer_stores |\n"
-      "                          copy_engines [automatic]\n");
+      "                          copy_engines [automatic]\n"
+      "  --copy-engine-min-bytes <size>  automatic: copy engines for pipelined all-gathers\n"
+      "                          of slots this large [transport::default_policy()]\n"
+      "  --copy-engine-min-bytes-alone <size>  ... against peer stores or in one chunk\n"
+      "  --peer-store-min-bits <b>  automatic: peer stores for codes this wide\n"
+      "  --peer-store-ctas <n>   CTAs of the peer-store kernel, 1..1024\n");
   std::exit(code);
 }
 
@@ -108,6 +113,14 @@ options parse(int argc, char** argv) {
       o.breakdown = true;
     else if (a == "--transport")
       transport_ok = parse_transport(next(), o.transport);
+    else if (a == "--copy-engine-min-bytes")
+      o.policy.copy_engine_min_bytes = parse_size(next());
+    else if (a == "--copy-engine-min-bytes-alone")
+      o.policy.copy_engine_min_bytes_alone = parse_size(next());
+    else if (a == "--peer-store-min-bits")
+      o.policy.peer_store_min_bits = std::atoi(next());
+    else if (a == "--peer-store-ctas")
+      o.policy.peer_store_ctas = std::atoi(next());
     else if (a == "-h" || a == "--help")
       usage(0);
     else {
@@ -118,11 +131,11 @@ options parse(int argc, char** argv) {
   if (o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.min_bytes == 0 ||
       o.max_bytes < o.min_bytes ||
       (o.algorithm != "automatic" && o.algorithm != "two_phase" && o.algorithm != "one_shot") ||
-      !transport_ok) {
+      !transport_ok || !lowbit::transport::valid(o.policy)) {
     std::fprintf(stderr,
                  "lowbit-perf: need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --algo "
                  "automatic|two_phase|one_shot, --transport automatic|nccl|nccl_symmetric|"
-                 "peer_stores|copy_engines\n");
+                 "peer_stores|copy_engines, --peer-store-ctas 1..1024\n");
     std::exit(2);
   }
   return o;

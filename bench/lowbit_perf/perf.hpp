@@ -27,6 +27,8 @@ struct options {
   int bits = 4;
   bool breakdown = false;  ///< all_reduce: time each pass alone at the largest size
   lowbit::frame_transport transport = lowbit::frame_transport::automatic;
+  /// collective_options::transport_policy (--copy-engine-min-bytes, --peer-store-ctas).
+  lowbit::transport::policy policy = lowbit::transport::default_policy();
 };
 
 /// "64M" -> 67108864: a size with an optional K/M/G (binary) suffix.

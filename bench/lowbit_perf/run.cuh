@@ -118,11 +118,11 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
   // (--transport), one lane, no internal streams.
   using lowbit::detail::lane;
   lowbit::detail::backend_impl<lowbit::backend::nccl> be(comm, 0, 1);
-  be.set_transport(o.transport, Codec::bits);
+  be.set_transport(o.transport, o.policy, Codec::bits);
   auto frame_buf = be.make_transfer_buffer(F * P), piece_buf = be.make_transfer_buffer(f * (P + 1));
   std::byte *frames = frame_buf.data(), *pieces = piece_buf.data();
   lowbit::detail::call_check no_check;  // the NCCL backend's transfers do not check frames
-  const auto all_gather = [&](const lowbit::detail::window_buffer& buf, std::size_t slot,
+  const auto all_gather = [&](const lowbit::transport::window_buffer& buf, std::size_t slot,
                               cudaStream_t st) {
     be.begin(st, false);
     be.allgather(lane::comm, buf, 0, slot, Codec::bits, no_check);
@@ -237,6 +237,7 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
                     : o.algorithm == "two_phase" ? lowbit::all_reduce_algorithm::two_phase
                                                  : lowbit::all_reduce_algorithm::automatic;
   copts.transport = o.transport;
+  copts.transport_policy = o.policy;
   Collective coll(comm, max_count, copts);
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -265,6 +266,7 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
         o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
         o.schedule.c_str(), P, coll.crossover_bytes(), o.crossover == "auto" ? " (calibrated)" : "",
         algorithm_name(coll), lowbit::to_string(coll.transport()));
+    std::printf("# %s\n", lowbit::transport::to_string(o.policy).c_str());
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");

@@ -1,8 +1,8 @@
-// Everything in lowbit that compiles with a plain C++ compiler: core types, the codec
-// and the host executor. lowbit::lowbit is all it needs: no CUDA, NCCL, MPI or JSON
-// library. (Where CUDA's or NCCL's headers are on the include path anyway, it uses them
-// for __half / __nv_bfloat16 and the LOWBIT_CUDA_TRY / LOWBIT_NCCL_TRY macros.)
-// CUDA kernels and NCCL collectives are in lowbit.cuh (lowbit::nccl).
+// Everything in lowbit that compiles with a plain C++ compiler: core types, the codec,
+// the host executor and the frame-transport policy. lowbit::lowbit is all it needs: no
+// CUDA, NCCL, MPI or JSON library. (Where CUDA's or NCCL's headers are on the include path
+// anyway, it uses them for __half / __nv_bfloat16 and the LOWBIT_CUDA_TRY / LOWBIT_NCCL_TRY
+// macros.) CUDA kernels and NCCL collectives are in lowbit.cuh (lowbit::nccl).
 #pragma once
 
 #include "lowbit/codec/codec.hpp"
@@ -12,4 +12,5 @@
 #include "lowbit/core/span.hpp"
 #include "lowbit/feedback/refs.hpp"
 #include "lowbit/host/codec_executor.hpp"
+#include "lowbit/transport/policy.hpp"
 #include "lowbit/version.hpp"

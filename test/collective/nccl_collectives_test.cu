@@ -15,6 +15,9 @@
 
 namespace lowbit::test {
 
+// The NCCL backend models the backend concept (collective/detail/backend_concept.hpp).
+static_assert(detail::is_backend_impl_v<detail::backend_impl<backend::nccl>>);
+
 std::unique_ptr<comm::nccl_comm> g_comm;
 cudaStream_t g_stream = nullptr;
 
@@ -101,17 +104,21 @@ const comm::mpi_comm& host_comm() {
 
 /// The same all_reduce, step after step, on the device and on the host backend.
 template <class T, class C, class F, class S>
-void check_host_device(std::size_t count, int steps, std::uint64_t salt,
-                       all_reduce_algorithm algo = all_reduce_algorithm::automatic,
-                       frame_transport transport = frame_transport::automatic) {
+void check_host_device(
+    std::size_t count, int steps, std::uint64_t salt,
+    all_reduce_algorithm algo = all_reduce_algorithm::automatic,
+    frame_transport transport = frame_transport::automatic,
+    const lowbit::transport::policy& tuning = lowbit::transport::default_policy()) {
   INFO("count " << count << ", " << C::bits << " bits, " << F::name << ", " << S::name << ", "
-                << to_string(algo) << ", " << to_string(transport));
+                << to_string(algo) << ", " << to_string(transport) << ", "
+                << lowbit::transport::to_string(tuning));
   const inputs<T> in(input_kind::normal, count, salt);
   collective_options o;
   o.seed = shared_seed() ^ salt;
   o.op = reduce_op::avg;
   o.algorithm = algo;
   o.transport = transport;
+  o.transport_policy = tuning;
   lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
   // automatic reports copy_engines where the peers are mapped and NCCL has CTA policies;
   // peer_stores and copy_engines fall back to nccl_symmetric where they cannot be used.
@@ -169,10 +176,14 @@ TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback sta
     // automatic with the copy engines' threshold lowered to 64 KiB: at 4 bits the pieces'
     // all-gathers straddle it (copy engines for the middle ones, NCCL kernels for the
     // ends), as they do on large tensors; 8-bit codes keep peer stores below 32 MiB.
-    ::setenv("LOWBIT_COPY_ENGINE_MIN_BYTES", "65536", 1);
-    check_host_device<float, C4s, feedback::none, schedule::ramped<6, 1>>(count, 2, 12);
-    check_host_device<float, C8s, feedback::none, schedule::ramped<6, 1>>(count, 2, 13);
-    ::unsetenv("LOWBIT_COPY_ENGINE_MIN_BYTES");
+    lowbit::transport::policy low = lowbit::transport::default_policy();
+    low.copy_engine_min_bytes = 65536;
+    const auto autom = all_reduce_algorithm::automatic;
+    const auto autot = frame_transport::automatic;
+    check_host_device<float, C4s, feedback::none, schedule::ramped<6, 1>>(count, 2, 12, autom,
+                                                                          autot, low);
+    check_host_device<float, C8s, feedback::none, schedule::ramped<6, 1>>(count, 2, 13, autom,
+                                                                          autot, low);
   }
 }
 
@@ -292,7 +303,7 @@ TEST_CASE("below the crossover each collective is the plain NCCL collective, bit
   }
 }
 
-TEST_CASE("collectives on one communicator share its zero-CTA split and peer probe") {
+TEST_CASE("collectives on one communicator share its copy-engine split and peer probe") {
   using C4 = codec<quant::absmax<4, 128>, round::stochastic>;
   using C8 = codec<quant::absmax<8, 256>, round::stochastic>;
   const std::size_t count = std::size_t{1} << 16;
@@ -306,14 +317,14 @@ TEST_CASE("collectives on one communicator share its zero-CTA split and peer pro
     lowbit::all_reduce<float, C4, feedback::none, schedule::pipelined<4, 1>, backend::nccl> a4(
         c, count, o);
     lowbit::all_reduce<float, C8, feedback::none, schedule::flat, backend::nccl> a8(c, count, o);
-    const ncclComm_t first = c.zero_cta_split();
+    const ncclComm_t first = lowbit::transport::copy_engines_comm(c);
     collective_options ce = o;
     ce.transport = frame_transport::copy_engines;
     lowbit::all_gather<float, C4, schedule::pipelined<4, 1>, backend::nccl> ag(c, count, ce);
     using rs_type =
         lowbit::reduce_scatter<float, C4, feedback::none, schedule::flat, backend::nccl>;
     rs_type rs(c, count, o);
-    CHECK(c.zero_cta_split() == first);
+    CHECK(lowbit::transport::copy_engines_comm(c) == first);
     CHECK((first != nullptr) == (LOWBIT_HAS_NCCL_ZERO_CTA != 0));
     CHECK(a4.transport() == rs.transport());
     if (first != nullptr) CHECK(ag.transport() == frame_transport::copy_engines);

@@ -7,6 +7,7 @@
 
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/comm/mpi_bootstrap.hpp"
+#include "lowbit/transport/copy_engines.cuh"
 
 // No `using namespace lowbit` at file scope: nvcc's stub code calls ::round, which
 // lowbit::round would make ambiguous.
@@ -40,16 +41,17 @@ TEST_CASE("nccl_comm: rank and size come from NCCL; borrowed handles survive the
   cudaStreamDestroy(st);
 }
 
-TEST_CASE("nccl_comm: one zero-CTA split, carried by moves, aborted with the communicator") {
+TEST_CASE("nccl_comm: one copy-engine split, carried by moves, aborted with the communicator") {
+  using lowbit::transport::copy_engines_comm;
   comm::nccl_comm c = comm::nccl_comm_from_mpi(MPI_COMM_WORLD);
-  const ncclComm_t split = c.zero_cta_split();  // collective: every rank makes it
+  const ncclComm_t split = copy_engines_comm(c);  // collective: every rank makes it
   CHECK((split != nullptr) == (LOWBIT_HAS_NCCL_ZERO_CTA != 0));
-  CHECK(c.zero_cta_split() == split);
+  CHECK(copy_engines_comm(c) == split);
   comm::nccl_comm moved(std::move(c));
-  CHECK(moved.zero_cta_split() == split);
-  CHECK_THROWS_AS(c.zero_cta_split(), lowbit::invalid_argument);
+  CHECK(copy_engines_comm(moved) == split);
+  CHECK_THROWS_AS(copy_engines_comm(c), lowbit::invalid_argument);
   moved.abort();  // the split, then the parent; the destructor frees neither again
-  CHECK_THROWS_AS(moved.zero_cta_split(), lowbit::invalid_argument);
+  CHECK_THROWS_AS(copy_engines_comm(moved), lowbit::invalid_argument);
 }
 
 TEST_CASE("an empty or aborted communicator is refused before any byte is sent") {

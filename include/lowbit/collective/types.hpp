@@ -1,5 +1,6 @@
 // Vocabulary shared by the collectives: reduce ops, options, element-type tags and the
-// backend tags.
+// backend tags. frame_transport and its tuning policy live in lowbit/transport/ and are
+// re-exported here.
 #pragma once
 
 #include <chrono>
@@ -8,6 +9,8 @@
 #include <type_traits>
 
 #include "lowbit/core/numeric.hpp"
+#include "lowbit/transport/frame_transport.hpp"
+#include "lowbit/transport/policy.hpp"
 
 namespace lowbit {
 
@@ -66,58 +69,6 @@ enum class all_reduce_algorithm {
   one_shot,
 };
 
-/// How the NCCL backend moves frames between GPUs (the MPI backend ignores it).
-/// Measured on 2x H200 over NVLink (docs/performance.md): copy_engines is the fastest for
-/// large transfers (bf16 4-bit all_reduce at 1 GiB 2.71x NCCL, against 2.57x for
-/// nccl_symmetric), NCCL's kernels on symmetric windows for small ones.
-enum class frame_transport {
-  /// Where every peer's memory is mapped: copy_engines for all-gathers of large slots (10
-  /// MiB per rank in a pipelined call at under 8 bits, else 32 MiB), below that
-  /// peer_stores for codes of 8 bits or more and nccl_symmetric for narrower ones.
-  /// nccl_symmetric elsewhere.
-  automatic,
-  /// NCCL collectives on cudaMalloc workspace. The only choice that keeps construction
-  /// local (no collective registration).
-  nccl,
-  /// NCCL collectives on workspace from ncclMemAlloc registered as a symmetric window
-  /// (NCCL >= 2.27), where NCCL moves the frames with its symmetric-memory paths:
-  /// faster alone, and less in the way of the codec kernels running beside them.
-  nccl_symmetric,
-  /// nccl_symmetric, with every all-gather a kernel that stores this rank's frames into
-  /// the peers' windows over NVLink (NCCL's device API, >= 2.28): faster alone (359
-  /// against 321 GB/s per rank at 256 MiB) but it takes SMs from the codec. Used where
-  /// every rank is load/store accessible; nccl_symmetric elsewhere (PCIe without P2P,
-  /// sockets).
-  peer_stores,
-  /// nccl_symmetric, with every all-gather on a zero-CTA split of the communicator
-  /// (NCCL >= 2.28): within a node NCCL runs it on the GPUs' copy engines (382 against
-  /// 323 GB/s per rank at 256 MiB) and leaves every SM to the codec kernels. two_phase's
-  /// all-to-alls stay NCCL kernels; nccl_symmetric where NCCL has no CTA policies.
-  copy_engines,
-};
-
-/// Every frame_transport, for parsing and for tests.
-inline constexpr frame_transport all_frame_transports[] = {
-    frame_transport::automatic, frame_transport::nccl, frame_transport::nccl_symmetric,
-    frame_transport::peer_stores, frame_transport::copy_engines};
-
-/// Name of a frame_transport, for messages.
-inline const char* to_string(frame_transport t) {
-  switch (t) {
-    case frame_transport::automatic:
-      return "automatic";
-    case frame_transport::nccl:
-      return "nccl";
-    case frame_transport::nccl_symmetric:
-      return "nccl_symmetric";
-    case frame_transport::peer_stores:
-      return "peer_stores";
-    case frame_transport::copy_engines:
-      return "copy_engines";
-  }
-  return "?";
-}
-
 /// Name of an all_reduce_algorithm, for messages.
 inline const char* to_string(all_reduce_algorithm a) {
   switch (a) {
@@ -149,6 +100,10 @@ struct collective_options {
   /// registers the workspace with the communicator, which makes construction and
   /// destruction collective; choose `nccl` where NCCL cannot register windows.
   frame_transport transport = frame_transport::automatic;
+  /// Thresholds of `automatic` between the transports, and the peer-store kernel's size
+  /// (fixed per object; the same on every rank). transport::default_policy() by default:
+  /// measured on 2x H200 over NVLink; see transport::policy for what each field does.
+  ::lowbit::transport::policy transport_policy = ::lowbit::transport::default_policy();
   /// Deadline of every blocking wait (zero = wait forever). The MPI backend waits inside
   /// each call; the NCCL backend's calls never wait on the host, so it applies to sync()
   /// and to checked mode. On expiry every waiting rank throws lowbit::timeout_error

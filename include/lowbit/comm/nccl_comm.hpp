@@ -1,9 +1,9 @@
 // A wrapper around a raw ncclComm_t (RAFT comms style): borrowed by default, owned on
 // request; a stream sync that polls NCCL's asynchronous error and aborts the
 // communicator instead of hanging. It also holds what every collective on the
-// communicator shares: its zero-CTA split and whether the peers' memory is mapped, each
-// made once, since both are collective and slow (one per collective made constructing a
-// few dozen of them several times slower).
+// communicator shares for its frame transports (lowbit/transport/): the split the copy
+// engines run on and whether the peers' memory is mapped, each made once, since both are
+// collective and slow (docs/design.md, "Frames live in symmetric NCCL windows").
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,7 +16,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "lowbit/comm/zero_cta_comm.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 
@@ -47,7 +46,7 @@ enum class ownership { borrowed, owned };
 /// error). Destroy CUDA graph execs that captured work on a communicator before
 /// destroying it: ncclCommDestroy waits for that work and can hang. Move-only.
 ///
-/// Threading: the calls that create its shared state (zero_cta_split(), peers_mapped(),
+/// Threading: the calls that create its shared state (copy_engines_comm(), peers_mapped(),
 /// and so the collectives' constructors) are collective and unsynchronized: make them from
 /// one host thread per rank, in the same order on every rank.
 class nccl_comm {
@@ -107,38 +106,41 @@ class nccl_comm {
                        ncclGetErrorString(e) + ")");
   }
 
-  /// The communicator's zero-CTA split (ncclCommSplit with NCCL_CTA_POLICY_ZERO, NCCL
-  /// 2.28 and later): all-gathers between buffers of a symmetric window registered with it
-  /// run on the copy engines within a node (frame_transport::copy_engines). Null where the
-  /// NCCL headers have no CTA policies. The first call makes it, collectively over the
-  /// communicator (every rank calls it); later calls return the same handle, so every
-  /// collective on this communicator shares it. Owned by this object whether or not the
-  /// parent is: destroyed before the parent handle, aborted with it by abort(). Throws
-  /// lowbit::invalid_argument where check() would, lowbit::nccl_error when the split fails.
-  ncclComm_t zero_cta_split() const {
-    check("nccl_comm::zero_cta_split");
-    if (!split_.enabled()) split_ = detail::zero_cta_comm(comm_);
-    return split_.get();
+  /// The communicator frame_transport::copy_engines runs its all-gathers on: a split of
+  /// this one made by `make(get())` (a callable returning an ncclComm_t this object then
+  /// owns, or null where NCCL cannot make one; lowbit::transport::copy_engines_comm(*this)
+  /// passes the zero-CTA split). The first call that gets a handle keeps it, collectively
+  /// over the communicator (every rank calls it); later calls return the same handle, so
+  /// every collective on this communicator shares it. Owned by this object whether or not
+  /// the parent is: destroyed before the parent handle, aborted with it by abort(). Throws
+  /// lowbit::invalid_argument where check() would, and what `make` throws.
+  template <class Make>
+  ncclComm_t copy_engines_comm(Make&& make) const {
+    check("nccl_comm::copy_engines_comm");
+    if (copy_engines_ == nullptr) copy_engines_ = make(comm_);
+    return copy_engines_;
   }
 
   /// Whether every peer's memory is mapped into this rank's address space (NVLink or PCIe
-  /// P2P), as `probe(get())` answers it (a callable returning bool): the first call runs
-  /// its probe, later calls return that answer without running theirs. lowbit's NCCL
-  /// backend probes by creating an NCCL device communicator, which is collective, so every
-  /// rank must make the first call alike; caching it spares the next collectives that cost.
+  /// P2P), which frame_transport::automatic needs for the copy engines, as `probe(get())`
+  /// answers it (a callable returning bool): the first call runs its probe, later calls
+  /// return that answer without running theirs. lowbit's NCCL backend probes by creating
+  /// the peer stores' device communicator, which is collective, so every rank must make the
+  /// first call alike; caching it spares the next collectives that cost.
   template <class Probe>
   bool peers_mapped(Probe&& probe) const {
     if (!peers_mapped_.has_value()) peers_mapped_ = static_cast<bool>(probe(comm_));
     return *peers_mapped_;
   }
 
-  /// Aborts the communicator, its zero-CTA split first: pending NCCL work is cancelled and
+  /// Aborts the communicator, its copy-engine split first: pending NCCL work is cancelled and
   /// the handles freed (a borrowed one too: it is unusable after an error anyway).
   /// Idempotent. Const because collectives hold the wrapper by const reference and must
   /// abort it on a timeout; the wrapper then refuses every collective.
   void abort() const noexcept {
     if (comm_ != nullptr && !aborted_) {
-      split_.abort();
+      if (copy_engines_ != nullptr) ncclCommAbort(copy_engines_);
+      copy_engines_ = nullptr;
       ncclCommAbort(comm_);
       aborted_ = true;
     }
@@ -177,7 +179,9 @@ class nccl_comm {
 
  private:
   void release() noexcept {
-    split_ = detail::zero_cta_comm();  // before its parent; abort() already freed it
+    // The split before its parent; abort() already freed it.
+    if (copy_engines_ != nullptr) LOWBIT_NCCL_TRY_NO_THROW(ncclCommDestroy(copy_engines_));
+    copy_engines_ = nullptr;
     peers_mapped_.reset();
     if (comm_ != nullptr && owns_ && !aborted_) LOWBIT_NCCL_TRY_NO_THROW(ncclCommDestroy(comm_));
     comm_ = nullptr;
@@ -190,7 +194,7 @@ class nccl_comm {
     std::swap(size_, o.size_);
     std::swap(owns_, o.owns_);
     std::swap(aborted_, o.aborted_);
-    std::swap(split_, o.split_);
+    std::swap(copy_engines_, o.copy_engines_);
     std::swap(peers_mapped_, o.peers_mapped_);
   }
 
@@ -199,8 +203,8 @@ class nccl_comm {
   int size_ = 0;
   bool owns_ = false;
   mutable bool aborted_ = false;
-  mutable detail::zero_cta_comm split_;       ///< made by the first zero_cta_split()
-  mutable std::optional<bool> peers_mapped_;  ///< answered by the first peers_mapped()
+  mutable ncclComm_t copy_engines_ = nullptr;  ///< made by the first copy_engines_comm()
+  mutable std::optional<bool> peers_mapped_;   ///< answered by the first peers_mapped()
 };
 
 }  // namespace lowbit::comm

@@ -33,10 +33,9 @@ struct flat {
 /// reduce_scatter returns and all_gather takes). A chunk holds at least
 /// `MinChunkValues` values and each piece at least one block, so smaller tensors use
 /// fewer chunks (a single one is the flat schedule, on the caller's stream alone).
-/// Measured on 2x H200, bf16 4-bit all_reduce at 1 GiB (docs/performance.md): 4 chunks of
-/// >= 2^25 values 2.04x NCCL, 8 and 16 chunks of >= 2^20 values 1.99x and 1.76x (each
-/// chunk adds an NCCL call's latency); below 2^26 values one chunk. The host backend
-/// runs the same chunks one after the other and computes the same bytes.
+/// The defaults are few, large chunks because each chunk adds an NCCL call's latency
+/// (figures in docs/performance.md). The host backend runs the same chunks one after the
+/// other and computes the same bytes.
 template <int Chunks = 4, std::size_t MinChunkValues = (std::size_t{1} << 25)>
 struct pipelined {
   static_assert(Chunks >= 1 && Chunks <= 64,
@@ -54,9 +53,9 @@ struct pipelined {
 /// are short while the middle transfers stay large enough to run at full speed. Chunk k
 /// of K weighs min(2^k, 2^(K-1-k), 4): K = 4 cuts 1:2:2:1, K = 6 1:2:4:4:2:1. K is the
 /// largest (at most MaxChunks) whose lightest chunk still holds MinPieceValues values of
-/// each rank's share. Measured on 2x H200 (docs/performance.md): at 1 GiB, bf16 4-bit,
-/// where the transfers bound the call, 8 uniform chunks left about 130 us of the first
-/// encode and last decode unoverlapped, and 4 about 260 us.
+/// each rank's share. Where the transfers bound the call, uniform chunks leave the first
+/// encode and the last decode unoverlapped, the more so the fewer the chunks (figures in
+/// docs/performance.md).
 template <int MaxChunks = 8, std::size_t MinPieceValues = (std::size_t{1} << 24)>
 struct ramped {
   static_assert(MaxChunks >= 1 && MaxChunks <= 64,
@@ -72,7 +71,7 @@ struct ramped {
 
 /// The collectives' default: one flat pass below 2 x 2^24 values per rank's share (a
 /// one-chunk call runs on the caller's stream alone, as schedule::flat does), up to 8
-/// ramped chunks above. Measured on 2x H200 (docs/performance.md).
+/// ramped chunks above (the measurements behind it: docs/performance.md).
 using default_schedule = ramped<>;
 
 template <class S, class = void>

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "lowbit/collective/detail/backend_concept.hpp"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/host_buffer.hpp"
@@ -42,7 +43,7 @@ struct backend_impl<backend::mpi> {
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
   /// MPI moves plain host memory: there is nothing to register or choose.
-  void set_transport(frame_transport, int /*widest_bits*/) {}
+  void set_transport(frame_transport, const lowbit::transport::policy&, int /*widest_bits*/) {}
   static frame_transport transport() noexcept { return frame_transport::automatic; }
   static transfer_buffer make_transfer_buffer(std::size_t bytes) { return transfer_buffer(bytes); }
   static void check_sizes(std::size_t send, std::size_t recv, std::size_t gather) {
@@ -280,5 +281,7 @@ struct backend_impl<backend::mpi> {
   std::vector<std::byte> aside_;  ///< a frame of unexpected size, received to be reported
   std::vector<std::byte> small_;  ///< allgather_small's result
 };
+
+static_assert(check_backend<backend_impl<backend::mpi>>());
 
 }  // namespace lowbit::detail

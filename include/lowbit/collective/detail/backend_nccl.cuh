@@ -1,4 +1,5 @@
-// The device backend: device buffers, the CUDA codec kernels, NCCL moving the frames.
+// The device backend: device buffers, the CUDA codec kernels, and a transport::frame_mover
+// moving the frames (which transport, and the transfers themselves: lowbit/transport/).
 //
 // Lanes: `compute` is the caller's stream; `comm` is an internal non-blocking stream of
 // the greatest priority when a call has several chunks (the caller's stream otherwise,
@@ -11,19 +12,19 @@
 #include <nccl.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
+#include "lowbit/collective/detail/backend_concept.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
-#include "lowbit/collective/detail/lsa_transport.cuh"
-#include "lowbit/collective/detail/window_buffer.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/kernels/kernels.cuh"
+#include "lowbit/transport/frame_mover.cuh"
+#include "lowbit/transport/window_buffer.cuh"
 
 namespace lowbit::detail {
 
@@ -45,8 +46,8 @@ struct backend_impl<backend::nccl> {
   using stream_type = cudaStream_t;
   template <class U>
   using buffer = device_buffer<U>;
-  /// The frames NCCL moves: a symmetric NCCL window when asked (see window_buffer).
-  using transfer_buffer = window_buffer;
+  /// The frames the transport moves: symmetric NCCL windows when asked.
+  using transfer_buffer = lowbit::transport::window_buffer;
   /// The reduce kernels keep the fp32 sum in registers.
   static constexpr bool needs_sum_scratch = false;
   /// Below the crossover a call runs the plain NCCL collective (plain_* below).
@@ -55,7 +56,7 @@ struct backend_impl<backend::nccl> {
   /// mode (allgather_small), and a hang on mismatched sizes ends at sync()'s deadline.
   static constexpr std::size_t header_bytes = 0;
 
-  backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm) {
+  backend_impl(const comm_type& comm, int events, int streams) : comm_(&comm), mover_(comm) {
     if (streams > 1) {
       // The transfers' stream outranks the codec's: an NCCL kernel issued while a codec
       // kernel's grid is still being dispatched would otherwise wait for its last wave,
@@ -67,68 +68,17 @@ struct backend_impl<backend::nccl> {
   }
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
-  /// frame_transport::automatic's choice for all-gathers below copy_engine_min_bytes():
-  /// peer stores for codes this wide. Their frames make the transfer the bottleneck, where
-  /// the peer-store kernel's speed pays for the SMs it takes: bf16 8-bit all_reduce
-  /// 1.56-1.61x NCCL at 256 MiB-1 GiB against 1.39-1.44x for NCCL on the same windows; at
-  /// 4 bits the codec was the bottleneck and NCCL's transfer, lighter on the SMs, won.
-  static constexpr int peer_store_min_bits = 8;
-  /// frame_transport::automatic's choice: in a pipelined call, all-gathers of slots this
-  /// large run on the copy engines (where NCCL has CTA policies), smaller ones as above. A
-  /// copy-engine transfer starts later than a kernel (19.5 against 12.3 us for 1 MiB per
-  /// rank) but takes no SM: bf16 4-bit all_reduce at 256 MiB (slots of 12-24 MB) 2.61x
-  /// NCCL against 2.40x, at 64 MiB (slots of 9 MB) 1.82x against 1.98x with every slot on
-  /// the copy engines (docs/performance.md). LOWBIT_COPY_ENGINE_MIN_BYTES overrides it (a
-  /// tuning knob, the same on every rank).
-  static std::size_t copy_engine_min_bytes() {
-    const char* env = std::getenv("LOWBIT_COPY_ENGINE_MIN_BYTES");
-    return env != nullptr ? std::strtoull(env, nullptr, 10) : (std::size_t{10} << 20);
-  }
-  /// The same against a faster transfer, peer stores (8-bit codes), or where nothing
-  /// overlaps the transfer (a one-chunk call): the copy engines win on speed alone only
-  /// from here (64 MiB per rank: 382 against 323 and 338 GB/s; 16 MiB: 264 against 282
-  /// and 294). bf16 8-bit all_reduce at 64 MiB: 1.36x NCCL with copy engines, 1.40x with
-  /// peer stores; at 128 MiB 1.54x against 1.51x.
-  static constexpr std::size_t copy_engine_min_bytes_alone = std::size_t{32} << 20;
   /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
-  /// `widest_bits` bits. Collective over the communicator unless `t` is
-  /// frame_transport::nccl (window registration, device-communicator creation, and the
-  /// communicator's split and peer probe the first time a collective on it asks).
-  void set_transport(frame_transport t, int widest_bits) {
-    symmetric_ = LOWBIT_HAS_NCCL_WINDOWS && t != frame_transport::nccl && comm_->size() > 1;
-    if (!symmetric_) return;
-    min_store_bits_ = t == frame_transport::peer_stores ? 0 : peer_store_min_bits;
-    // A device communicator only where some all-gather would store to the peers.
-    const bool stores = (t == frame_transport::peer_stores || t == frame_transport::automatic) &&
-                        widest_bits >= min_store_bits_;
-    if (stores) lsa_ = lsa_transport(comm_->get(), comm_);
-    // automatic: copy engines only where the peers' memory is mapped (NVLink or PCIe P2P);
-    // without it NCCL has no copy-engine path. The communicator answers that once, from
-    // whether a device communicator could be made (lsa_ when this object made one), and
-    // the split is the communicator's too: the next collectives on it pay for neither.
-    const auto mapped = [&] {
-      return comm_->peers_mapped(
-          [&](ncclComm_t c) { return stores ? lsa_.enabled() : lsa_transport(c).enabled(); });
-    };
-    if (t == frame_transport::copy_engines || (t == frame_transport::automatic && mapped())) {
-      ce_ = comm_->zero_cta_split();
-      const bool always = t == frame_transport::copy_engines;
-      ce_min_bytes_ = always ? 0 : copy_engine_min_bytes();
-      ce_min_alone_bytes_ = always ? 0 : copy_engine_min_bytes_alone;
-    }
+  /// `widest_bits` bits (transport::frame_mover). Collective over the communicator
+  /// unless `t` is frame_transport::nccl.
+  void set_transport(frame_transport t, const lowbit::transport::policy& p, int widest_bits) {
+    mover_ = lowbit::transport::frame_mover(*comm_, t, widest_bits, p);
   }
-  /// The transport of the largest all-gathers of the widest codes: copy_engines only where
-  /// NCCL has CTA policies, peer_stores only where every peer is load/store accessible.
-  frame_transport transport() const noexcept {
-    return ce_ != nullptr   ? frame_transport::copy_engines
-           : lsa_.enabled() ? frame_transport::peer_stores
-           : symmetric_     ? frame_transport::nccl_symmetric
-                            : frame_transport::nccl;
-  }
-  /// Collective over the communicator with a symmetric transport (window registration,
-  /// with the zero-CTA split too when there is one).
+  /// The transport of the largest all-gathers of the widest codes (automatic resolved).
+  frame_transport transport() const noexcept { return mover_.transport(); }
+  /// Collective over the communicator with a symmetric transport (window registration).
   transfer_buffer make_transfer_buffer(std::size_t bytes) const {
-    return window_buffer(comm_->get(), bytes, symmetric_, ce_, comm_);
+    return mover_.make_buffer(bytes);
   }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
   void check_alive(const char* who) const { comm_->check(who); }
@@ -241,30 +191,14 @@ struct backend_impl<backend::nccl> {
   void alltoallv(lane l, const std::byte* send, const std::size_t* send_bytes,
                  const std::size_t* send_off, std::byte* recv, const std::size_t* recv_bytes,
                  const std::size_t* recv_off, call_check&) {
-    const int P = comm_->size();
-    ncclComm_t c = comm_->get();
-    LOWBIT_NCCL_TRY(ncclGroupStart());
-    for (int p = 0; p < P; ++p) {
-      if (send_bytes[p] > 0)
-        LOWBIT_NCCL_TRY(ncclSend(send + send_off[p], send_bytes[p], ncclUint8, p, c, stream(l)));
-      if (recv_bytes[p] > 0)
-        LOWBIT_NCCL_TRY(ncclRecv(recv + recv_off[p], recv_bytes[p], ncclUint8, p, c, stream(l)));
-    }
-    LOWBIT_NCCL_TRY(ncclGroupEnd());
+    mover_.alltoallv(send, send_bytes, send_off, recv, recv_bytes, recv_off, stream(l));
   }
 
   /// In place: P slots of slot_bytes at `offset` of buf; slot `rank` is this rank's;
   /// the frames hold `bits`-bit codes.
   void allgather(lane l, const transfer_buffer& buf, std::size_t offset, std::size_t slot_bytes,
                  int bits, call_check&) {
-    if (comm_->size() == 1) return;
-    const bool stores = lsa_.enabled() && buf.symmetric() && bits >= min_store_bits_;
-    const bool engines = ce_ != nullptr && buf.symmetric() &&
-                         slot_bytes >= (overlap_ && !stores ? ce_min_bytes_ : ce_min_alone_bytes_);
-    if (stores && !engines) return lsa_.allgather(buf, offset, slot_bytes, stream(l));
-    std::byte* base = buf.data() + offset;
-    LOWBIT_NCCL_TRY(ncclAllGather(base + static_cast<std::size_t>(comm_->rank()) * slot_bytes, base,
-                                  slot_bytes, ncclUint8, engines ? ce_ : comm_->get(), stream(l)));
+    mover_.allgather(buf, offset, slot_bytes, bits, overlap_, stream(l));
   }
 
   // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
@@ -276,7 +210,7 @@ struct backend_impl<backend::nccl> {
         ncclAllReduce(in, out, count, comm::nccl_data_type<T>(), nccl_op(op), comm_->get(), s));
   }
   /// lowbit's block-aligned shards: ncclReduceScatter when they are equal, else one
-  /// ncclReduce per owner, grouped (0.67x NCCL's reduce_scatter for bf16 at 2 MiB).
+  /// ncclReduce per owner, grouped (slower than NCCL's own; docs/design.md "Crossover").
   template <class T>
   void plain_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                             cudaStream_t s) {
@@ -296,7 +230,7 @@ struct backend_impl<backend::nccl> {
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
   /// in = my shard: ncclAllGather when the shards are equal, else each owner broadcasts
-  /// its shard into place, grouped (0.68x NCCL's all_gather for bf16 at 2 MiB).
+  /// its shard into place, grouped (slower than NCCL's own; docs/design.md "Crossover").
   template <class T>
   void plain_all_gather(const T* in, T* out, std::size_t count, std::size_t block, cudaStream_t s) {
     if (const std::size_t n = schedule::equal_shard(count, block, comm_->size()); n > 0) {
@@ -322,17 +256,14 @@ struct backend_impl<backend::nccl> {
   const comm_type* comm_;
   cudaStream_t caller_ = nullptr;
   bool overlap_ = false;
-  bool symmetric_ = false;                    ///< transfer buffers are symmetric NCCL windows
-  int min_store_bits_ = peer_store_min_bits;  ///< peer stores for codes at least this wide
-  lsa_transport lsa_;                         ///< enabled: such all-gathers are peer stores
-  ncclComm_t ce_ = nullptr;             ///< non-null: large all-gathers go to this zero-CTA split
-  std::size_t ce_min_bytes_ = 0;        ///< ... in a pipelined call, against NCCL kernels
-  std::size_t ce_min_alone_bytes_ = 0;  ///< ... against peer stores or in a one-chunk call
+  lowbit::transport::frame_mover mover_;  ///< picks the transport and moves the frames
   unique_stream side_;
   std::vector<unique_event> events_;
   cudaStream_t check_stream_ = nullptr;
   device_buffer<std::byte> small_dev_;  ///< checked mode's fingerprints, on the device
   std::vector<std::byte> small_host_;   ///< ... and on the host
 };
+
+static_assert(check_backend<backend_impl<backend::nccl>>());
 
 }  // namespace lowbit::detail

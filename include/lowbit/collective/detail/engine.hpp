@@ -158,7 +158,7 @@ class engine {
     }
     if (P_ == 1) send = recv = gather = shard = 0;  // one rank copies: no frames
     impl::check_sizes(send, recv, gather);
-    be_.set_transport(opts.transport, std::max({Codecs::bits...}));
+    be_.set_transport(opts.transport, opts.transport_policy, std::max({Codecs::bits...}));
     send_ = be_.make_transfer_buffer(send);
     recv_ = be_.make_transfer_buffer(recv);
     gather_ = be_.make_transfer_buffer(gather);

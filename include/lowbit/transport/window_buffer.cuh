@@ -1,9 +1,10 @@
 // The NCCL backend's frame workspace: bytes that NCCL moves. With `symmetric` they come
 // from ncclMemAlloc and are registered with the communicator as a symmetric window, so
-// NCCL (2.27 and later) can run its symmetric-memory kernels on them: its all-gather
-// moved 321 GB/s instead of 273 GB/s at 256 MiB per rank over NVLink, and 282 instead of
-// 190 GB/s at 16 MiB (transport-probe, docs/performance.md). Registration and release
-// are collective over the communicator, with the same size on every rank.
+// NCCL (2.27 and later) can run its symmetric-memory kernels on them, faster than on
+// cudaMalloc memory at every size (transport-probe's sym_ag against allgather;
+// docs/performance.md), and the peer stores and copy engines can address them.
+// Registration and release are collective over the communicator, with the same size on
+// every rank.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,11 +23,11 @@
 #define LOWBIT_HAS_NCCL_WINDOWS 0
 #endif
 
-namespace lowbit::detail {
+namespace lowbit::transport {
 
 /// `bytes` zeroed device bytes, registered with `comm` as a symmetric NCCL window when
 /// asked and the NCCL headers have windows (plain cudaMalloc memory otherwise), and also
-/// with `also` when given (the zero-CTA split whose all-gathers run on copy engines).
+/// with `also` when given (the copy-engine split: transport::copy_engines).
 /// `owner`, when given, is the nccl_comm both belong to: once it is aborted the release
 /// drops the registrations without deregistering, since ncclCommAbort freed both
 /// communicators. Move-only.
@@ -127,9 +128,9 @@ class window_buffer {
 
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
-  registration reg_[2];    ///< [0] the backend's communicator, [1] its zero-CTA split
+  registration reg_[2];    ///< [0] the backend's communicator, [1] its copy-engine split
   bool nccl_mem_ = false;  ///< data_ came from ncclMemAlloc
   const comm::nccl_comm* owner_ = nullptr;  ///< aborted: skip the deregistration
 };
 
-}  // namespace lowbit::detail
+}  // namespace lowbit::transport

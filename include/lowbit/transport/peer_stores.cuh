@@ -1,8 +1,8 @@
-// The NCCL backend's all-gather over load/store-accessible peers (NCCL's device API,
-// 2.28 and later): a kernel stores this rank's slot straight into every peer's symmetric
-// window over NVLink, between two LSA barriers. On 2x H200 it moved 359 GB/s per rank at
-// 256 MiB where ncclAllGather moved 273 (321 on the same symmetric window), and 308
-// against 189 at 16 MiB (transport-probe, docs/performance.md).
+// frame_transport::peer_stores: an all-gather over load/store-accessible peers (NCCL's
+// device API, 2.28 and later). A kernel stores this rank's slot straight into every
+// peer's symmetric window over NVLink, between two LSA barriers. Alone it is the fastest
+// kernel transfer, but its CTAs compete with the codec (transport::policy says when
+// automatic uses it; transport-probe's lsa_push, docs/performance.md).
 //
 // Ordering: the first barrier (acquire/release) means every peer has finished the work
 // its streams ordered before this transfer, in particular reading the slots we are about
@@ -15,11 +15,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
-#include "lowbit/collective/detail/window_buffer.cuh"
+#include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/transport/window_buffer.cuh"
 
 #if LOWBIT_HAS_NCCL_WINDOWS && NCCL_VERSION_CODE >= 22800
 #define LOWBIT_HAS_NCCL_LSA 1
@@ -28,17 +28,17 @@
 #define LOWBIT_HAS_NCCL_LSA 0
 #endif
 
-namespace lowbit::detail {
+namespace lowbit::transport {
 
 #if LOWBIT_HAS_NCCL_LSA
 
 /// Threads per CTA of the push kernel.
-inline constexpr int lsa_threads = 512;
+inline constexpr int peer_store_threads = 512;
 
 /// Copies n bytes src -> dst, where src and dst share their alignment modulo 16: bytes up
 /// to the first 16-byte boundary, 16-byte words, then the tail.
-__device__ inline void lsa_copy(const std::byte* src, std::byte* dst, std::size_t n,
-                                std::size_t tid, std::size_t nthreads) {
+__device__ inline void peer_store_copy(const std::byte* src, std::byte* dst, std::size_t n,
+                                       std::size_t tid, std::size_t nthreads) {
   const std::size_t align = (16 - reinterpret_cast<std::uintptr_t>(src) % 16) % 16;
   const std::size_t head = align < n ? align : n;
   const std::size_t words = (n - head) / 16;
@@ -54,8 +54,8 @@ __device__ inline void lsa_copy(const std::byte* src, std::byte* dst, std::size_
 /// peer. A template so that the header defines it in every translation unit.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    lsa_allgather_kernel(ncclWindow_t win, std::size_t offset, std::size_t slot_bytes,
-                         ncclDevComm dev) {
+    peer_store_allgather_kernel(ncclWindow_t win, std::size_t offset, std::size_t slot_bytes,
+                                ncclDevComm dev) {
   ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dev, ncclTeamLsa(dev), dev.lsaBarrier,
                                          blockIdx.x};
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
@@ -65,27 +65,26 @@ __global__ void __launch_bounds__(Threads)
   const std::size_t nthreads = static_cast<std::size_t>(gridDim.x) * Threads;
   for (int k = 1; k < dev.lsaSize; ++k) {
     const int peer = (dev.lsaRank + k) % dev.lsaSize;
-    lsa_copy(src, static_cast<std::byte*>(ncclGetLsaPointer(win, mine, peer)), slot_bytes, tid,
-             nthreads);
+    peer_store_copy(src, static_cast<std::byte*>(ncclGetLsaPointer(win, mine, peer)), slot_bytes,
+                    tid, nthreads);
   }
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 }
 
 #endif  // LOWBIT_HAS_NCCL_LSA
 
-/// A device communicator with one LSA barrier per push CTA, when every rank of `comm` is
-/// load/store accessible from this one (one NVLink domain) and NCCL has the device API;
-/// disabled otherwise (PCIe without P2P, sockets, older NCCL), where the backend uses
-/// ncclAllGather. Creation and destruction are collective. `owner`, when given, is the
-/// nccl_comm that `comm` belongs to: once it is aborted the destructor drops the device
-/// communicator without destroying it (ncclCommAbort freed its parent). Move-only.
-class lsa_transport {
+/// Peer stores over `comm`: a device communicator with one LSA barrier per push CTA, when
+/// every rank of `comm` is load/store accessible from this one (one NVLink domain) and
+/// NCCL has the device API; disabled otherwise (PCIe without P2P, sockets, older NCCL),
+/// where frame_mover uses ncclAllGather. Creation and destruction are collective.
+/// `owner`, when given, is the nccl_comm that `comm` belongs to: once it is aborted the
+/// destructor drops the device communicator without destroying it (ncclCommAbort freed its
+/// parent). Move-only.
+class peer_stores {
  public:
-  lsa_transport() = default;
-  /// `ctas`: CTAs of the push kernel, one LSA barrier each (default_ctas()).
-  explicit lsa_transport(ncclComm_t comm, const comm::nccl_comm* owner = nullptr,
-                         int ctas = default_ctas())
-      : owner_(owner) {
+  peer_stores() = default;
+  /// `ctas`: CTAs of the push kernel, one LSA barrier each (policy::peer_store_ctas).
+  peer_stores(ncclComm_t comm, int ctas, const comm::nccl_comm* owner = nullptr) : owner_(owner) {
 #if LOWBIT_HAS_NCCL_LSA
     int P = 0, rank = 0;
     LOWBIT_NCCL_TRY(ncclCommCount(comm, &P));
@@ -106,26 +105,17 @@ class lsa_transport {
     (void)comm, (void)ctas;
 #endif
   }
-  lsa_transport(const lsa_transport&) = delete;
-  lsa_transport& operator=(const lsa_transport&) = delete;
-  lsa_transport(lsa_transport&& o) noexcept { swap(o); }
-  lsa_transport& operator=(lsa_transport&& o) noexcept {
+  peer_stores(const peer_stores&) = delete;
+  peer_stores& operator=(const peer_stores&) = delete;
+  peer_stores(peer_stores&& o) noexcept { swap(o); }
+  peer_stores& operator=(peer_stores&& o) noexcept {
     if (this != &o) {
       release();
       swap(o);
     }
     return *this;
   }
-  ~lsa_transport() { release(); }
-
-  /// LOWBIT_PEER_STORE_CTAS (a tuning knob, 1..1024, the same on every rank), else 64:
-  /// 64 CTAs moved 335 GB/s alone; in the pipeline 32 and 64 were close, 16 and 132
-  /// slower (docs/performance.md).
-  static int default_ctas() {
-    const char* env = std::getenv("LOWBIT_PEER_STORE_CTAS");
-    const int n = env != nullptr ? std::atoi(env) : 0;
-    return n >= 1 && n <= 1024 ? n : 64;
-  }
+  ~peer_stores() { release(); }
 
   /// True when allgather() may be used.
   bool enabled() const noexcept { return comm_ != nullptr; }
@@ -134,8 +124,8 @@ class lsa_transport {
   void allgather(const window_buffer& buf, std::size_t offset, std::size_t slot_bytes,
                  cudaStream_t s) const {
 #if LOWBIT_HAS_NCCL_LSA
-    lsa_allgather_kernel<lsa_threads>
-        <<<ctas_, lsa_threads, 0, s>>>(buf.window(), offset, slot_bytes, dev_);
+    peer_store_allgather_kernel<peer_store_threads>
+        <<<ctas_, peer_store_threads, 0, s>>>(buf.window(), offset, slot_bytes, dev_);
     LOWBIT_CHECK_LAUNCH();
 #else
     (void)buf, (void)offset, (void)slot_bytes, (void)s;
@@ -143,7 +133,7 @@ class lsa_transport {
   }
 
  private:
-  void swap(lsa_transport& o) noexcept {
+  void swap(peer_stores& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(ctas_, o.ctas_);
     std::swap(owner_, o.owner_);
@@ -167,4 +157,4 @@ class lsa_transport {
 #endif
 };
 
-}  // namespace lowbit::detail
+}  // namespace lowbit::transport
