@@ -325,6 +325,45 @@ void encode_blocks(const T* x, std::size_t count, std::byte* frame, const rng_ke
   }
 }
 
+/// Makes the compiler forget what it knows of the floats at p: they are read back from
+/// memory afterwards. A product stored there is then never fused with a later add (the
+/// contraction that lowbit::detail::pin prevents one value at a time), while the loops on
+/// either side stay vectorizable.
+inline void forget(float* p) {
+#if defined(__GNUC__)
+  asm volatile("" : : "r"(p) : "memory");
+#else
+  (void)p;  // other compilers do not contract across statements by default
+#endif
+}
+
+/// Codec::dequantize_group, bit for bit. For absmax a vectorizable loop: the code's
+/// level q (exact: float_of) and q + 1/2 (exact) times the step, one rounding, as
+/// quant::absmax::dequantize. Then forget(y) (every quantizer), so that no caller fuses
+/// a product into its sum.
+template <class Codec>
+void dequantize_group(const std::uint32_t (&codes)[Codec::group_size],
+                      const typename Codec::meta_type& meta, float (&y)[Codec::group_size]) {
+  using Q = typename Codec::quantizer_type;
+  if constexpr (is_absmax<Q>::value) {
+    constexpr std::uint32_t base =
+        lowbit::detail::round_magic_bits - static_cast<std::uint32_t>(Q::half_levels);
+    const float step = meta.step;
+    for (int i = 0; i < Codec::group_size; ++i) {
+      const std::uint32_t u = base + codes[i];
+      float q;
+      std::memcpy(&q, &u, sizeof q);
+      q = q - lowbit::detail::round_magic;
+      if constexpr (!Q::zero_grid) q = q + 0.5f;
+      y[i] = q * step;
+    }
+    forget(y);
+  } else {
+    Codec::dequantize_group(codes, meta, y);
+    forget(y);
+  }
+}
+
 /// Decodes groups [g0, g1) of a frame of `count` values, calling sink(first, y, valid)
 /// with each group's first index, its 32 decoded values and how many are real.
 template <class Codec, class Sink>
@@ -339,7 +378,7 @@ void for_each_group(const std::byte* frame, std::size_t count, std::size_t g0, s
     typename Codec::meta_type meta;
     std::memcpy(&meta, frame + group / Codec::groups_per_block * sizeof meta, sizeof meta);
     float y[G];
-    Codec::dequantize_group(codes, meta, y);
+    dequantize_group<Codec>(codes, meta, y);
     const std::size_t first = group * G;
     sink(first, y, static_cast<int>(count - first < G ? count - first : G));
   }
@@ -400,8 +439,7 @@ void decode(span<const std::byte> frame, span<T> out, float scale = 1.0f,
         detail::for_each_group<Codec>(fp, count, g0, g1, [&](std::size_t first, const float* y,
                                                              int valid) {
           if (scale != 1.0f) {
-            for (int i = 0; i < valid; ++i)
-              op[first + i] = from_float<T>(lowbit::detail::fmul(y[i], scale));
+            for (int i = 0; i < valid; ++i) op[first + i] = from_float<T>(y[i] * scale);
           } else {
             for (int i = 0; i < valid; ++i) op[first + i] = from_float<T>(y[i]);
           }
@@ -426,7 +464,7 @@ void decode_accumulate(span<const std::byte> frame, span<float> acc,
       [&](std::size_t g0, std::size_t g1) {
         detail::for_each_group<Codec>(fp, count, g0, g1, [&](std::size_t first, const float* y,
                                                              int valid) {
-          for (int i = 0; i < valid; ++i) ap[first + i] = lowbit::detail::fadd(ap[first + i], y[i]);
+          for (int i = 0; i < valid; ++i) ap[first + i] = ap[first + i] + y[i];
         });
       });
 }
@@ -462,13 +500,11 @@ void sum_frames(const std::byte* frames, std::size_t frame_stride, int num_frame
           detail::for_each_group<Codec>(
               frames + p * frame_stride, count, g0, g1,
               [&](std::size_t first, const float* y, int valid) {
-                for (int i = 0; i < valid; ++i)
-                  ap[first + i] = lowbit::detail::fadd(ap[first + i], y[i]);
+                for (int i = 0; i < valid; ++i) ap[first + i] = ap[first + i] + y[i];
               });
         if (out == nullptr) return;
         if (scale != 1.0f) {
-          for (std::size_t i = lo; i < hi; ++i)
-            out[i] = from_float<U>(lowbit::detail::fmul(ap[i], scale));
+          for (std::size_t i = lo; i < hi; ++i) out[i] = from_float<U>(ap[i] * scale);
         } else {
           for (std::size_t i = lo; i < hi; ++i) out[i] = from_float<U>(ap[i]);
         }
