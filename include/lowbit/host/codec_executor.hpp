@@ -109,33 +109,38 @@ void parallel_ranges(std::size_t units, int workers, const F& f) {
 
 // ---- block statistics -----------------------------------------------------------------
 
-/// quant::block_stats of c[0, n) (n >= 1), equal to adding them one by one in order.
-/// c holds B floats; c[n, B) is overwritten. The finite values' minimum and maximum are
-/// taken by halving (c[n, B) padded with c[0], which changes neither); min and max are
-/// exact, so the result is the sequential one up to the sign of a zero: a zero result
-/// takes the sign of the block's first zero, which is what the sequential comparisons
-/// (strict, so ties keep the earlier value) leave.
+/// quant::block_stats of c[0, n) (1 <= n <= B), equal to adding them one by one in
+/// order; c[n, B) holds copies of c[0] (which change neither min nor max). A block with
+/// inf or nan (rare) is added one by one. Otherwise min and max are taken by halving;
+/// they are exact, so the result is the sequential one up to the sign of a zero: a zero
+/// result takes the sign of the block's first zero, which is what the sequential
+/// comparisons (strict, so ties keep the earlier value) leave.
 template <int B>
-quant::block_stats block_stats_of(float (&c)[B], int n) {
+quant::block_stats block_stats_of(const float* c, int n) {
   static_assert(B % 32 == 0, "lowbit::host: blocks are multiples of 32 values");
-  for (int i = n; i < B; ++i) c[i] = c[0];
-  float lo[B], hi[B];
-  std::uint32_t poisoned = 0;
-  for (int i = 0; i < B; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, &c[i], sizeof u);
-    const bool nonfinite = (u & 0x7f800000u) == 0x7f800000u;
-    poisoned |= nonfinite ? 1u : 0u;
-    lo[i] = nonfinite ? FLT_MAX : c[i];
-    hi[i] = nonfinite ? -FLT_MAX : c[i];
+  constexpr int H = B / 2;
+  float lo[H], hi[H];
+  std::uint32_t nonfinite = 0;
+  for (int j = 0; j < H; ++j) {
+    std::uint32_t u, v;
+    std::memcpy(&u, &c[j], sizeof u);
+    std::memcpy(&v, &c[j + H], sizeof v);
+    nonfinite |= ((u & 0x7f800000u) == 0x7f800000u ? 1u : 0u) |
+                 ((v & 0x7f800000u) == 0x7f800000u ? 1u : 0u);
+    lo[j] = lowbit::detail::min_f(c[j], c[j + H]);
+    hi[j] = lowbit::detail::max_f(c[j], c[j + H]);
   }
-  for (int w = B / 2; w >= 4; w /= 2) {
+  quant::block_stats s;
+  if (nonfinite) {
+    for (int i = 0; i < n; ++i) s.add(c[i]);
+    return s;
+  }
+  for (int w = H / 2; w >= 4; w /= 2) {
     for (int j = 0; j < w; ++j) {
       lo[j] = lowbit::detail::min_f(lo[j], lo[j + w]);
       hi[j] = lowbit::detail::max_f(hi[j], hi[j + w]);
     }
   }
-  quant::block_stats s;
   for (int j = 0; j < 4; ++j) {
     s.min = lowbit::detail::min_f(s.min, lo[j]);
     s.max = lowbit::detail::max_f(s.max, hi[j]);
@@ -149,7 +154,6 @@ quant::block_stats block_stats_of(float (&c)[B], int n) {
       }
     }
   }
-  if (poisoned) s.max = lowbit::detail::bits_float(0x7f800000u);
   return s;
 }
 
@@ -213,7 +217,7 @@ void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[8 * N
 /// one) when it went past. The step is carried as the float 1 or 0 (bits 0x3f800000 or
 /// 0: shifted right by 29, 1 or 0), which keeps both loops vectorizable.
 template <int B>
-void mul_rz(const float (&c)[B], float inv, float (&t)[B]) {
+void mul_rz(const float* c, float inv, float (&t)[B]) {
   float past[B];
   for (int i = 0; i < B; ++i) {
     const double d = static_cast<double>(c[i]) * static_cast<double>(inv);
@@ -236,13 +240,13 @@ void mul_rz(const float (&c)[B], float inv, float (&t)[B]) {
 ///              construction, as the quantizer's scaling guarantees), and
 ///              (c + 0xffff - noise) >> 16.
 template <class Q, class Rounding, int B>
-void quantize_scaled(const float (&c)[B], const typename Q::params_type& p,
+void quantize_scaled(const float* c, const typename Q::params_type& p,
                      const std::uint32_t* noise, std::uint32_t (&codes)[B]) {
   constexpr int Lo = Q::qmin;
   constexpr float shift = Q::zero_grid ? 0.0f : -0.5f;
   constexpr auto offset = static_cast<std::uint32_t>(Q::qmin + Q::half_levels);
   float pos[B];
-  mul_rz(c, p.inv_step, pos);
+  mul_rz<B>(c, p.inv_step, pos);
   if constexpr (std::is_same_v<Rounding, round::nearest>) {
     constexpr std::uint32_t sub = lowbit::detail::round_magic_bits + static_cast<std::uint32_t>(Lo);
     for (int i = 0; i < B; ++i) {
@@ -280,13 +284,21 @@ void encode_blocks(const T* x, std::size_t count, std::byte* frame, const rng_ke
   for (std::size_t block = b0; block < b1; ++block) {
     const std::size_t first = block * B;
     const int n = static_cast<int>(count - first < B ? count - first : B);
-    float c[B];
+    // The block's values c[0, n) padded to B with c[0]: in place for a whole block of
+    // floats without feedback, else in cbuf.
+    float cbuf[B];
+    const float* c = cbuf;
     if constexpr (std::is_same_v<T, float> && !Feedback::active) {
-      std::memcpy(c, x + first, static_cast<std::size_t>(n) * sizeof(float));
+      if (n == B) {
+        c = x + first;
+      } else {
+        for (int i = 0; i < n; ++i) cbuf[i] = x[first + i];
+      }
     } else {
-      for (int i = 0; i < n; ++i) c[i] = fb.load(first + i, to_float(x[first + i]));
+      for (int i = 0; i < n; ++i) cbuf[i] = fb.load(first + i, to_float(x[first + i]));
     }
-    const quant::block_stats stats = block_stats_of(c, n);
+    for (int i = n; i < B; ++i) cbuf[i] = cbuf[0];
+    const quant::block_stats stats = block_stats_of<B>(c, n);
     const auto meta = Q::make_meta(stats);
     const auto params = Q::make_params(meta);
     std::memcpy(frame + block * sizeof meta, &meta, sizeof meta);
@@ -298,7 +310,7 @@ void encode_blocks(const T* x, std::size_t count, std::byte* frame, const rng_ke
         fast = true;
         std::uint32_t noise[B];
         if constexpr (R::needs_noise) noise_of<B / 8>(key, (index0 + first) / 8, noise);
-        quantize_scaled<Q, R>(c, params, noise, codes);
+        quantize_scaled<Q, R, B>(c, params, noise, codes);
         for (int i = 0; i < B; ++i) codes[i] = i < n ? codes[i] : 0u;
       }
     }
