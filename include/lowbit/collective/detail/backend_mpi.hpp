@@ -98,12 +98,7 @@ struct backend_impl<backend::mpi> {
   template <class Codec, class U>
   void reduce(lane, const std::byte* frames, std::size_t stride, int num_frames, std::size_t n,
               U* out, float scale, float* acc) {
-    for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0f;
-    for (int p = 0; p < num_frames; ++p)
-      host::decode_accumulate<Codec>(span<const std::byte>(frames + p * stride, stride),
-                                     span<float>(acc, n));
-    for (std::size_t i = 0; i < n; ++i)
-      out[i] = from_float<U>(scale != 1.0f ? fmul(acc[i], scale) : acc[i]);
+    host::sum_frames<Codec>(frames, stride, num_frames, span<float>(acc, n), out, scale);
   }
 
   /// g += delta; out = g (EF21's replicated state and output).
