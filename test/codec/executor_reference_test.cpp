@@ -140,6 +140,10 @@ TEST_CASE("the executor matches the reference: absmax, every width, both grids")
     check_both_roundings<quant::absmax<4, 32>>(count, 8);
     check_both_roundings<quant::absmax<4, 128, quant::grid::zero>>(count, 9);
     check_both_roundings<quant::absmax<16, 64, quant::grid::zero>>(count, 10);
+    // Blocks whose half is not a power of two (the statistics' halving must fold the rest).
+    check_both_roundings<quant::absmax<3, 96>>(count, 11);
+    check_both_roundings<quant::absmax<7, 160, quant::grid::zero>>(count, 12);
+    check_both_roundings<quant::absmax<2, 1024>>(count, 13);
   }
 }
 

@@ -135,13 +135,18 @@ quant::block_stats block_stats_of(const float* c, int n) {
     for (int i = 0; i < n; ++i) s.add(c[i]);
     return s;
   }
-  for (int w = H / 2; w >= 4; w /= 2) {
+  // Halve while the live width is even (B / 2 need not be a power of two: 48 for blocks
+  // of 96, 80 for 160), then fold what is left, so every partial extreme is taken.
+  int m = H;
+  while (m % 2 == 0 && m > 4) {
+    const int w = m / 2;
     for (int j = 0; j < w; ++j) {
       lo[j] = lowbit::detail::min_f(lo[j], lo[j + w]);
       hi[j] = lowbit::detail::max_f(hi[j], hi[j + w]);
     }
+    m = w;
   }
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < m; ++j) {
     s.min = lowbit::detail::min_f(s.min, lo[j]);
     s.max = lowbit::detail::max_f(s.max, hi[j]);
   }
