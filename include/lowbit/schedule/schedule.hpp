@@ -63,7 +63,9 @@ struct ramped {
   static_assert(MinPieceValues >= 1, "lowbit::schedule::ramped: MinPieceValues must be >= 1");
   static constexpr bool is_schedule_policy = true;
   static constexpr int max_chunks = MaxChunks;
-  static constexpr std::size_t min_chunk_values = MinPieceValues;
+  /// The lightest chunk's values of each rank's share (pipelined's min_chunk_values counts
+  /// a whole chunk, over every rank: another quantity, so another name).
+  static constexpr std::size_t min_piece_values = MinPieceValues;
   static constexpr int streams = 2;
   static constexpr bool ramp = true;
   static constexpr const char* name = "ramped";
@@ -143,25 +145,26 @@ inline std::size_t equal_shard(std::size_t count, std::size_t block, int ranks) 
 /// How many chunks Schedule cuts `count` elements into (blocks of `block`, `ranks`
 /// ranks): at most Schedule::max_chunks and at least 1. Equal chunks: no more than the
 /// smallest shard's blocks, nor than count / Schedule::min_chunk_values. Ramped chunks:
-/// the lightest chunk of a rank's share keeps a block and min_chunk_values values.
+/// the lightest chunk of a rank's share keeps a block and min_piece_values values.
 template <class Schedule>
 int num_chunks(std::size_t count, std::size_t block, int ranks) {
   const std::size_t nblocks = (count + block - 1) / block;
   const std::size_t per_rank = nblocks / static_cast<std::size_t>(ranks);
   if constexpr (ramps_v<Schedule>) {
-    // The most chunks whose lightest one keeps a block and min_chunk_values values of
+    // The most chunks whose lightest one keeps a block and min_piece_values values of
     // each rank's share.
     const std::size_t values = count / static_cast<std::size_t>(ranks);
     int k = 1;
     while (k < Schedule::max_chunks && ramp_total(k + 1) <= per_rank &&
-           ramp_total(k + 1) * Schedule::min_chunk_values <= values)
+           ramp_total(k + 1) * Schedule::min_piece_values <= values)
       ++k;
     return k;
+  } else {
+    const std::size_t by_size = count / Schedule::min_chunk_values;
+    const std::size_t k = std::min<std::size_t>(std::min(per_rank, by_size),
+                                                static_cast<std::size_t>(Schedule::max_chunks));
+    return static_cast<int>(std::max<std::size_t>(1, k));
   }
-  const std::size_t by_size = count / Schedule::min_chunk_values;
-  const std::size_t k = std::min<std::size_t>(std::min(per_rank, by_size),
-                                              static_cast<std::size_t>(Schedule::max_chunks));
-  return static_cast<int>(std::max<std::size_t>(1, k));
 }
 
 /// Part `k` of `n` blocks cut into `chunks` parts in proportion to ramp_weight (each part
