@@ -463,6 +463,9 @@ class engine {
   call_check& begin_call(std::size_t count, const char* who, stream_type stream) {
     const std::uint32_t seq = seq_++;
     last_count_ = count;
+    cc_.error.clear();
+    cc_.bad.assign(static_cast<std::size_t>(P_), 0);  // no allocation once warm
+    cc_.timeout = opts_.timeout;
     if (H == 0 && !opts_.verify) return cc_;
     frame_header h;
     h.magic = frame_magic;
@@ -474,11 +477,8 @@ class engine {
     h.seq = seq;
     h.bits = static_cast<std::uint16_t>(Codec::bits);
     h.rank = static_cast<std::uint32_t>(rank_);
-    cc_.who = who;  // reassigned in place: a call allocates nothing once warm
+    cc_.who = who;
     cc_.want = h;
-    cc_.timeout = opts_.timeout;
-    cc_.error.clear();
-    cc_.bad.assign(static_cast<std::size_t>(P_), 0);
     if (opts_.verify) {
       be_.set_check_stream(stream);
       verify(cc_);
