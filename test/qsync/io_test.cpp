@@ -32,6 +32,8 @@ TEST_CASE("trace loader: kernels matched to user ranges by correlation, averaged
   REQUIRE(r.gpu_ms.at("fc2.backward") == Approx(0.240));
   REQUIRE(r.gpu_ms.at("fc1.backward") == Approx(0.210));
   REQUIRE(r.occurrences.at("fc1") == 2);
+  // 1510 us of kernels over two ProfilerSteps; the ops' ranges hold 715 us of each.
+  REQUIRE(r.kernel_ms == Approx(0.755));
 
   const training_model m = tiny_model();
   std::vector<std::string> skipped;
@@ -58,6 +60,50 @@ TEST_CASE("trace loader: gpu_user_annotation ranges are used directly") {
                       Contains("no \"traceEvents\""));
   REQUIRE_THROWS_WITH(read_trace_ranges(json::parse(R"([{"ph": "X", "cat": "kernel"}])")),
                       Contains("malformed trace event #0"));
+}
+
+TEST_CASE("trace loader: kernel time by correlation, once across streams, gaps and empty "
+          "ranges excluded, the rest a tail") {
+  // One occurrence of "conv": its launches at ts 11 and 12 run kernels of 30 us on two
+  // streams, spanned by one gpu_user_annotation per stream (same External id) with an idle
+  // gap inside; "view" launches nothing; a kernel launched outside every range (40 us) is
+  // the optimizer's.
+  const json trace = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 500, "pid": 0, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "conv", "ts": 10, "dur": 20, "pid": 0, "tid": 1, "args": {"External id": 9}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 11, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 101}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 12, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 102}},
+    {"ph": "X", "cat": "user_annotation", "name": "view", "ts": 40, "dur": 5, "pid": 0, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 60, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 103}},
+    {"ph": "X", "cat": "kernel", "name": "k1", "ts": 100, "dur": 30, "pid": 1, "tid": 7, "args": {"correlation": 101}},
+    {"ph": "X", "cat": "kernel", "name": "k2", "ts": 170, "dur": 30, "pid": 1, "tid": 8, "args": {"correlation": 102}},
+    {"ph": "X", "cat": "kernel", "name": "adam", "ts": 300, "dur": 40, "pid": 1, "tid": 7, "args": {"correlation": 103}},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 100, "dur": 100, "pid": 1, "tid": 7, "args": {"External id": 9}},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 170, "dur": 30, "pid": 1, "tid": 8, "args": {"External id": 9}}
+  ]})");
+  const trace_ranges r = read_trace_ranges(trace);
+  REQUIRE(r.gpu_ms.at("conv") == Approx(0.060));  // not the 0.130 of the spans, not halved
+  REQUIRE(r.occurrences.at("conv") == 1);
+  REQUIRE(r.gpu_ms.at("view") == 0.0);  // measured: nothing, not missing
+  REQUIRE(r.kernel_ms == Approx(0.100));
+  op conv, view;
+  conv.name = "conv";
+  view.name = "view";
+  view.inputs = {"conv"};
+  const op_graph g({conv, view});
+  REQUIRE(tail_ms(r, g) == Approx(0.040));
+}
+
+TEST_CASE("trace loader: without kernels, gpu_user_annotation spans count one occurrence per "
+          "External id") {
+  const json trace = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 0, "dur": 100, "pid": 1, "tid": 7, "args": {"External id": 9}},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 0, "dur": 60, "pid": 1, "tid": 8, "args": {"External id": 9}},
+    {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 900, "dur": 40, "pid": 1, "tid": 7, "args": {"External id": 19}}
+  ]})");
+  const trace_ranges r = read_trace_ranges(trace);
+  REQUIRE(r.occurrences.at("conv") == 2);
+  REQUIRE(r.gpu_ms.at("conv") == Approx(0.100));
 }
 
 TEST_CASE("model JSON: ops, kinds, allowed precisions and stats") {

@@ -28,14 +28,23 @@ inline constexpr const char* backward_suffix = ".backward";
 struct trace_ranges {
   std::map<std::string, double> gpu_ms;
   std::map<std::string, int> occurrences;
+  /// All kernel time per iteration (per ProfilerStep#N range, or per occurrence of the
+  /// most frequent range where the trace has none), ms: with the ops' ranges it gives the
+  /// kernels no op launched (optimizer step, gradient accumulation), see tail_ms().
+  double kernel_ms = 0;
 };
 
 /// Reads the GPU time of every user range of a Chrome trace (`{"traceEvents": [...]}`
-/// or a bare event array). A range's time is the sum of its `gpu_user_annotation`
-/// events when the trace has them; otherwise the sum of the kernels (`cat` "kernel")
-/// whose launching runtime call (`cat` "cuda_runtime" or "cuda_driver", matched by
-/// `args.correlation`) lies inside a `user_annotation` range on the same thread.
-/// Microseconds become milliseconds; several occurrences of a name are averaged.
+/// or a bare event array). Where the trace has kernels (`cat` "kernel") with
+/// `args.correlation`, a range's time is the sum of the kernels whose launching runtime
+/// call (`cat` "cuda_runtime" or "cuda_driver", same correlation) lies inside a
+/// `user_annotation` range on the same thread: kernel time only, so idle gaps between
+/// kernels (a host-bound range) do not count, every stream's kernels count once, and a
+/// range that launched nothing is 0. Kernels launched outside every range make `tail_ms`.
+/// Only a trace without such kernels falls back to its `gpu_user_annotation` spans,
+/// averaged over occurrences (one per `args.External id`: a range whose kernels ran on
+/// several streams has one span per stream). Microseconds become milliseconds; several
+/// occurrences of a name are averaged.
 inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   const nlohmann::json* events = &trace;
   if (trace.is_object()) {
@@ -49,7 +58,11 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     std::string thread;
   };
   std::vector<range> cpu_ranges;
-  std::map<std::string, std::vector<double>> gpu_ranges;
+  struct gpu_span {
+    double dur;
+    long long external;  ///< args["External id"], -1 when absent
+  };
+  std::map<std::string, std::vector<gpu_span>> gpu_ranges;
   // Launches per thread as (ts, correlation), sorted below so that each range finds its
   // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
   std::map<std::string, std::vector<std::pair<double, long long>>> launches;
@@ -67,7 +80,10 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
         return e["args"]["correlation"].get<long long>();
       };
       if (cat == "gpu_user_annotation") {
-        gpu_ranges[e.at("name").get<std::string>()].push_back(dur);
+        long long external = -1;
+        if (e.contains("args") && e["args"].contains("External id"))
+          external = e["args"]["External id"].get<long long>();
+        gpu_ranges[e.at("name").get<std::string>()].push_back({dur, external});
       } else if (cat == "user_annotation") {
         cpu_ranges.push_back({e.at("name").get<std::string>(), ts, dur, thread});
       } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
@@ -80,18 +96,29 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     }
   }
   trace_ranges out;
-  if (!gpu_ranges.empty()) {
-    for (const auto& [name, durs] : gpu_ranges) {
+  if (kernels.empty() && !gpu_ranges.empty()) {
+    for (const auto& [name, spans] : gpu_ranges) {
       double s = 0;
-      for (double d : durs) s += d;
-      out.gpu_ms[name] = s / 1000.0 / static_cast<double>(durs.size());
-      out.occurrences[name] = static_cast<int>(durs.size());
+      std::vector<long long> ids;
+      for (const gpu_span& g : spans) {
+        s += g.dur;
+        if (g.external >= 0) ids.push_back(g.external);
+      }
+      std::sort(ids.begin(), ids.end());
+      const auto distinct = std::unique(ids.begin(), ids.end()) - ids.begin();
+      // One occurrence per External id; spans without one count one each.
+      const int n = static_cast<int>(distinct) +
+                    static_cast<int>(spans.size() - static_cast<std::size_t>(ids.size()));
+      out.gpu_ms[name] = s / 1000.0 / static_cast<double>(n);
+      out.occurrences[name] = n;
     }
     return out;
   }
   for (auto& [thread, list] : launches) std::sort(list.begin(), list.end());
   std::map<std::string, double> sum;
+  int steps = 0;  // the profiler's own ProfilerStep#N ranges: one per iteration
   for (const auto& r : cpu_ranges) {
+    steps += r.name.rfind("ProfilerStep#", 0) == 0 ? 1 : 0;
     double s = 0;
     auto it = launches.find(r.thread);
     if (it != launches.end()) {
@@ -105,7 +132,14 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     sum[r.name] += s;
     ++out.occurrences[r.name];
   }
-  for (const auto& [name, s] : sum) out.gpu_ms[name] = s / 1000.0 / out.occurrences[name];
+  int iterations = steps;
+  for (const auto& [name, s] : sum) {
+    out.gpu_ms[name] = s / 1000.0 / out.occurrences[name];
+    if (steps == 0) iterations = std::max(iterations, out.occurrences[name]);
+  }
+  double total = 0;
+  for (const auto& [c, d] : kernels) total += d;
+  out.kernel_ms = total / 1000.0 / std::max(iterations, 1);
   return out;
 }
 
@@ -133,6 +167,20 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
   }
   for (const auto& [name, t] : found) table.set(name, p, t);
   return table;
+}
+
+/// Kernel time per iteration that no op of `graph` launched (the optimizer step,
+/// gradient accumulation, casts outside every op), ms: what a replay of the ops alone
+/// leaves out. Assumes the ops' ranges do not nest.
+inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
+  const std::string suffix = backward_suffix;
+  double ops = 0;
+  for (const auto& [name, ms] : r.gpu_ms) {
+    const bool bwd = name.size() > suffix.size() &&
+                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (graph.find(bwd ? name.substr(0, name.size() - suffix.size()) : name)) ops += ms;
+  }
+  return std::max(0.0, r.kernel_ms - ops);
 }
 
 /// Parses a JSON file; throws invalid_argument naming the file (and the byte where the
