@@ -41,8 +41,7 @@ void bm_encode(benchmark::State& state) {
   lowbit::span<std::byte> f(reinterpret_cast<std::byte*>(frame.data()), frame.size() * 16);
   const lowbit::host::exec_policy policy = Threads ? lowbit::host::exec_policy{} : one_thread;
   for (auto _ : state) {
-    lowbit::host::encode<Codec>(lowbit::span<const float>(x.data(), count), f, {}, 0, {},
-                                policy);
+    lowbit::host::encode<Codec>(lowbit::span<const float>(x.data(), count), f, {}, 0, {}, policy);
     benchmark::DoNotOptimize(frame.data());
   }
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(count * sizeof(float)) / 1e9,

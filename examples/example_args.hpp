@@ -47,11 +47,10 @@ inline args parse(int argc, char** argv) {
     else if (k == "--verify")
       a.verify = true;
     else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat] "
-          "[--verify]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat] "
+                   "[--verify]\n",
+                   argv[0]);
       std::exit(k == "--help" || k == "-h" ? 0 : 2);
     }
   }

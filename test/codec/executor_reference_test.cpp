@@ -41,19 +41,40 @@ std::vector<float> mixed_input(std::size_t count, std::uint64_t salt) {
     for (std::size_t i = lo; i < hi; ++i) {
       const std::size_t j = i - lo;
       switch (k) {
-        case 0: x[i] = j % 3 == 0 ? (j % 2 ? -0.0f : 0.0f) : std::fabs(x[i]); break;
-        case 1: x[i] = j % 5 == 0 ? (j % 2 ? 0.0f : -0.0f) : -std::fabs(x[i]); break;
-        case 2: x[i] = (j % 2) ? 0.0f : -0.0f; break;
-        case 3: if (j == 17) x[i] = std::numeric_limits<float>::infinity(); break;
-        case 4: if (j == 3) x[i] = std::numeric_limits<float>::quiet_NaN(); break;
-        case 5: x[i] *= 1e-40f; break;  // subnormal
-        case 6: x[i] = extreme[(b * 128 + j) % extreme.size()]; break;
-        case 7: x[i] *= 1e30f; break;
+        case 0:
+          x[i] = j % 3 == 0 ? (j % 2 ? -0.0f : 0.0f) : std::fabs(x[i]);
+          break;
+        case 1:
+          x[i] = j % 5 == 0 ? (j % 2 ? 0.0f : -0.0f) : -std::fabs(x[i]);
+          break;
+        case 2:
+          x[i] = (j % 2) ? 0.0f : -0.0f;
+          break;
+        case 3:
+          if (j == 17) x[i] = std::numeric_limits<float>::infinity();
+          break;
+        case 4:
+          if (j == 3) x[i] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 5:
+          x[i] *= 1e-40f;
+          break;  // subnormal
+        case 6:
+          x[i] = extreme[(b * 128 + j) % extreme.size()];
+          break;
+        case 7:
+          x[i] *= 1e30f;
+          break;
         // One-sided with zeros of random signs at random places: the first zero's sign
         // is the block's min (or max), wherever it lies.
-        case 8: x[i] = coin(g) == 0 ? (coin(g) % 2 ? -0.0f : 0.0f) : std::fabs(x[i]); break;
-        case 9: x[i] = coin(g) == 0 ? (coin(g) % 2 ? -0.0f : 0.0f) : -std::fabs(x[i]); break;
-        default: break;
+        case 8:
+          x[i] = coin(g) == 0 ? (coin(g) % 2 ? -0.0f : 0.0f) : std::fabs(x[i]);
+          break;
+        case 9:
+          x[i] = coin(g) == 0 ? (coin(g) % 2 ? -0.0f : 0.0f) : -std::fabs(x[i]);
+          break;
+        default:
+          break;
       }
     }
   }
@@ -95,9 +116,8 @@ void check_against_reference(std::size_t count, std::uint64_t salt) {
                         span<std::byte>(frames.data() + p * stride, stride), key);
   }
   std::vector<float> acc_a(count), acc_b(count);
-  host_reference::decode_accumulate_encode<Codec>(frames.data(), stride, 3,
-                                                  span<float>(acc_a.data(), count), ref.bytes(),
-                                                  key, 0);
+  host_reference::decode_accumulate_encode<Codec>(
+      frames.data(), stride, 3, span<float>(acc_a.data(), count), ref.bytes(), key, 0);
   host::decode_accumulate_encode<Codec>(frames.data(), stride, 3, span<float>(acc_b.data(), count),
                                         fast.bytes(), key, 0);
   REQUIRE(same_floats(acc_a, acc_b));
@@ -113,7 +133,8 @@ void check_against_reference(std::size_t count, std::uint64_t salt) {
   std::fill(acc_a.begin(), acc_a.end(), 0.0f);
   for (int p = 0; p < 3; ++p)
     host_reference::decode_accumulate<Codec>(
-        span<const std::byte>(frames.data() + p * stride, stride), span<float>(acc_a.data(), count));
+        span<const std::byte>(frames.data() + p * stride, stride),
+        span<float>(acc_a.data(), count));
   REQUIRE(same_floats(acc_a, acc_b));
   for (std::size_t i = 0; i < count; ++i) a[i] = detail::fmul(acc_a[i], 1.0f / 3.0f);
   REQUIRE(same_floats(a, out));
@@ -128,8 +149,8 @@ void check_both_roundings(std::size_t count, std::uint64_t salt) {
 }  // namespace
 
 TEST_CASE("the executor matches the reference: absmax, every width, both grids") {
-  for (std::size_t count : {std::size_t{1}, std::size_t{31}, std::size_t{128}, std::size_t{1000},
-                            std::size_t{12345}}) {
+  for (std::size_t count :
+       {std::size_t{1}, std::size_t{31}, std::size_t{128}, std::size_t{1000}, std::size_t{12345}}) {
     check_both_roundings<quant::absmax<1>>(count, 1);
     check_both_roundings<quant::absmax<2>>(count, 2);
     check_both_roundings<quant::absmax<3>>(count, 3);
@@ -172,8 +193,8 @@ TEST_CASE("the batched Philox noise is the codec's") {
 
 TEST_CASE("the block product rounded towards zero is fmul_rz") {
   auto g = lowbit::test::rng(21);
-  const float edge[] = {0.0f,     -0.0f,    FLT_MIN, -FLT_MIN,    FLT_MAX,
-                        -FLT_MAX, 1e-45f,   3.0f,    1.0f / 3.0f, -7.0f};
+  const float edge[] = {0.0f,     -0.0f,  FLT_MIN, -FLT_MIN,    FLT_MAX,
+                        -FLT_MAX, 1e-45f, 3.0f,    1.0f / 3.0f, -7.0f};
   for (int r = 0; r < 3000; ++r) {
     float c[128], t[128];
     float inv = lowbit::test::random_finite(g);

@@ -62,8 +62,9 @@ TEST_CASE("trace loader: gpu_user_annotation ranges are used directly") {
                       Contains("malformed trace event #0"));
 }
 
-TEST_CASE("trace loader: kernel time by correlation, once across streams, gaps and empty "
-          "ranges excluded, the rest a tail") {
+TEST_CASE(
+    "trace loader: kernel time by correlation, once across streams, gaps and empty "
+    "ranges excluded, the rest a tail") {
   // One occurrence of "conv": its launches at ts 11 and 12 run kernels of 30 us on two
   // streams, spanned by one gpu_user_annotation per stream (same External id) with an idle
   // gap inside; "view" launches nothing; a kernel launched outside every range (40 us) is
@@ -94,8 +95,9 @@ TEST_CASE("trace loader: kernel time by correlation, once across streams, gaps a
   REQUIRE(tail_ms(r, g) == Approx(0.040));
 }
 
-TEST_CASE("trace loader: without kernels, gpu_user_annotation spans count one occurrence per "
-          "External id") {
+TEST_CASE(
+    "trace loader: without kernels, gpu_user_annotation spans count one occurrence per "
+    "External id") {
   const json trace = json::parse(R"({"traceEvents": [
     {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 0, "dur": 100, "pid": 1, "tid": 7, "args": {"External id": 9}},
     {"ph": "X", "cat": "gpu_user_annotation", "name": "conv", "ts": 0, "dur": 60, "pid": 1, "tid": 8, "args": {"External id": 9}},

@@ -88,8 +88,8 @@ void parallel_ranges(std::size_t units, int workers, const F& f) {
     f(std::size_t{0}, units);
     return;
   }
-  const auto w = static_cast<std::size_t>(workers) < units ? static_cast<std::size_t>(workers)
-                                                           : units;
+  const auto w =
+      static_cast<std::size_t>(workers) < units ? static_cast<std::size_t>(workers) : units;
   auto bound = [&](std::size_t k) { return units / w * k + (k < units % w ? k : units % w); };
   std::vector<std::thread> pool;
   pool.reserve(w - 1);
@@ -125,8 +125,8 @@ quant::block_stats block_stats_of(const float* c, int n) {
     std::uint32_t u, v;
     std::memcpy(&u, &c[j], sizeof u);
     std::memcpy(&v, &c[j + H], sizeof v);
-    nonfinite |= ((u & 0x7f800000u) == 0x7f800000u ? 1u : 0u) |
-                 ((v & 0x7f800000u) == 0x7f800000u ? 1u : 0u);
+    nonfinite |=
+        ((u & 0x7f800000u) == 0x7f800000u ? 1u : 0u) | ((v & 0x7f800000u) == 0x7f800000u ? 1u : 0u);
     lo[j] = lowbit::detail::min_f(c[j], c[j + H]);
     hi[j] = lowbit::detail::max_f(c[j], c[j + H]);
   }
@@ -188,10 +188,9 @@ void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[8 * N
   auto round = [](philox_block& c, std::uint32_t k0, std::uint32_t k1) {
     const std::uint64_t p0 = static_cast<std::uint64_t>(m0) * c.w[0];
     const std::uint64_t p1 = static_cast<std::uint64_t>(m1) * c.w[2];
-    c = philox_block{{static_cast<std::uint32_t>(p1 >> 32) ^ c.w[1] ^ k0,
-                      static_cast<std::uint32_t>(p1),
-                      static_cast<std::uint32_t>(p0 >> 32) ^ c.w[3] ^ k1,
-                      static_cast<std::uint32_t>(p0)}};
+    c = philox_block{
+        {static_cast<std::uint32_t>(p1 >> 32) ^ c.w[1] ^ k0, static_cast<std::uint32_t>(p1),
+         static_cast<std::uint32_t>(p0 >> 32) ^ c.w[3] ^ k1, static_cast<std::uint32_t>(p0)}};
   };
   auto counter = [&](std::uint64_t j) {
     return philox_block{{static_cast<std::uint32_t>(j),
@@ -245,8 +244,8 @@ void mul_rz(const float* c, float inv, float (&t)[B]) {
 ///              construction, as the quantizer's scaling guarantees), and
 ///              (c + 0xffff - noise) >> 16.
 template <class Q, class Rounding, int B>
-void quantize_scaled(const float* c, const typename Q::params_type& p,
-                     const std::uint32_t* noise, std::uint32_t (&codes)[B]) {
+void quantize_scaled(const float* c, const typename Q::params_type& p, const std::uint32_t* noise,
+                     std::uint32_t (&codes)[B]) {
   constexpr int Lo = Q::qmin;
   constexpr float shift = Q::zero_grid ? 0.0f : -0.5f;
   constexpr auto offset = static_cast<std::uint32_t>(Q::qmin + Q::half_levels);
@@ -450,18 +449,20 @@ void decode(span<const std::byte> frame, span<T> out, float scale = 1.0f,
   detail::check_frame<Codec>(frame.data(), frame.size(), count, "decode");
   const std::byte* fp = frame.data();
   T* op = out.data();
-  detail::parallel_ranges(
-      detail::num_groups<Codec>(count), detail::worker_count(count, policy),
-      [&](std::size_t g0, std::size_t g1) {
-        detail::for_each_group<Codec>(fp, count, g0, g1, [&](std::size_t first, const float* y,
-                                                             int valid) {
-          if (scale != 1.0f) {
-            for (int i = 0; i < valid; ++i) op[first + i] = from_float<T>(y[i] * scale);
-          } else {
-            for (int i = 0; i < valid; ++i) op[first + i] = from_float<T>(y[i]);
-          }
-        });
-      });
+  detail::parallel_ranges(detail::num_groups<Codec>(count), detail::worker_count(count, policy),
+                          [&](std::size_t g0, std::size_t g1) {
+                            detail::for_each_group<Codec>(
+                                fp, count, g0, g1,
+                                [&](std::size_t first, const float* y, int valid) {
+                                  if (scale != 1.0f) {
+                                    for (int i = 0; i < valid; ++i)
+                                      op[first + i] = from_float<T>(y[i] * scale);
+                                  } else {
+                                    for (int i = 0; i < valid; ++i)
+                                      op[first + i] = from_float<T>(y[i]);
+                                  }
+                                });
+                          });
 }
 
 /// acc[i] += decoded value i, in fp32: the reduction step of all_reduce.
@@ -476,14 +477,15 @@ void decode_accumulate(span<const std::byte> frame, span<float> acc,
   detail::check_frame<Codec>(frame.data(), frame.size(), count, "decode_accumulate");
   const std::byte* fp = frame.data();
   float* ap = acc.data();
-  detail::parallel_ranges(
-      detail::num_groups<Codec>(count), detail::worker_count(count, policy),
-      [&](std::size_t g0, std::size_t g1) {
-        detail::for_each_group<Codec>(fp, count, g0, g1, [&](std::size_t first, const float* y,
-                                                             int valid) {
-          for (int i = 0; i < valid; ++i) ap[first + i] = ap[first + i] + y[i];
-        });
-      });
+  detail::parallel_ranges(detail::num_groups<Codec>(count), detail::worker_count(count, policy),
+                          [&](std::size_t g0, std::size_t g1) {
+                            detail::for_each_group<Codec>(
+                                fp, count, g0, g1,
+                                [&](std::size_t first, const float* y, int valid) {
+                                  for (int i = 0; i < valid; ++i)
+                                    ap[first + i] = ap[first + i] + y[i];
+                                });
+                          });
 }
 
 /// acc = the sum of `num_frames` frames of `acc.size()` values (frame p at
@@ -492,12 +494,12 @@ void decode_accumulate(span<const std::byte> frame, span<float> acc,
 /// times `scale` (1/P for avg) as well. Each thread sums its own range of groups over
 /// every frame.
 template <class Codec, class U = float>
-void sum_frames(const std::byte* frames, std::size_t frame_stride, int num_frames,
-                span<float> acc, U* out = nullptr, float scale = 1.0f,
-                const exec_policy& policy = {}) {
+void sum_frames(const std::byte* frames, std::size_t frame_stride, int num_frames, span<float> acc,
+                U* out = nullptr, float scale = 1.0f, const exec_policy& policy = {}) {
   static_assert(is_codec_v<Codec>, "lowbit::host::sum_frames: Codec must be a lowbit::codec<...>");
-  static_assert(is_element_type_v<U>,
-                "lowbit::host::sum_frames: the element type must be float, __half or __nv_bfloat16");
+  static_assert(
+      is_element_type_v<U>,
+      "lowbit::host::sum_frames: the element type must be float, __half or __nv_bfloat16");
   const std::size_t count = acc.size();
   LOWBIT_EXPECTS(num_frames >= 1, "sum_frames: num_frames must be >= 1");
   LOWBIT_EXPECTS(count == 0 || acc.data() != nullptr,
@@ -514,11 +516,11 @@ void sum_frames(const std::byte* frames, std::size_t frame_stride, int num_frame
         const std::size_t hi = g1 * Codec::group_size < count ? g1 * Codec::group_size : count;
         for (std::size_t i = lo; i < hi; ++i) ap[i] = 0.0f;
         for (int p = 0; p < num_frames; ++p)
-          detail::for_each_group<Codec>(
-              frames + p * frame_stride, count, g0, g1,
-              [&](std::size_t first, const float* y, int valid) {
-                for (int i = 0; i < valid; ++i) ap[first + i] = ap[first + i] + y[i];
-              });
+          detail::for_each_group<Codec>(frames + p * frame_stride, count, g0, g1,
+                                        [&](std::size_t first, const float* y, int valid) {
+                                          for (int i = 0; i < valid; ++i)
+                                            ap[first + i] = ap[first + i] + y[i];
+                                        });
         if (out == nullptr) return;
         if (scale != 1.0f) {
           for (std::size_t i = lo; i < hi; ++i) out[i] = from_float<U>(ap[i] * scale);

@@ -56,8 +56,7 @@ struct backend_impl<backend::mpi> {
   /// out = in (a one-rank call); nothing when they alias exactly.
   template <class U>
   void copy(const U* in, U* out, std::size_t n, stream_type) {
-    if (in != out && n > 0 && in != nullptr && out != nullptr)
-      std::memmove(out, in, n * sizeof(U));
+    if (in != out && n > 0 && in != nullptr && out != nullptr) std::memmove(out, in, n * sizeof(U));
   }
   /// Calls complete before they return: nothing to wait for.
   void wait_for(stream_type, const call_check&) {}
@@ -245,8 +244,8 @@ struct backend_impl<backend::mpi> {
         }
       }
       int done = 0;
-      LOWBIT_MPI_TRY(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done,
-                                 MPI_STATUSES_IGNORE));
+      LOWBIT_MPI_TRY(
+          MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE));
       if (done && all_matched) return;
       if (expired(start, cc)) abandon(cc);
       std::this_thread::yield();

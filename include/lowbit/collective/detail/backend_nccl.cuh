@@ -102,8 +102,8 @@ struct backend_impl<backend::nccl> {
     }
     std::byte* mine_dev = small_dev_.data() + static_cast<std::size_t>(comm_->rank()) * bytes;
     LOWBIT_CUDA_TRY(cudaMemcpyAsync(mine_dev, mine, bytes, cudaMemcpyHostToDevice, check_stream_));
-    LOWBIT_NCCL_TRY(ncclAllGather(mine_dev, small_dev_.data(), bytes, ncclUint8, comm_->get(),
-                                  check_stream_));
+    LOWBIT_NCCL_TRY(
+        ncclAllGather(mine_dev, small_dev_.data(), bytes, ncclUint8, comm_->get(), check_stream_));
     LOWBIT_CUDA_TRY(cudaMemcpyAsync(small_host_.data(), small_dev_.data(), total,
                                     cudaMemcpyDeviceToHost, check_stream_));
     wait_for(check_stream_, cc);

@@ -262,10 +262,10 @@ class engine {
         // EF21 decodes into its replicated state in phase 5 instead; with frame headers the
         // own piece is decoded there too, once every frame is known to agree.
         T* decoded = Feedback::replicated || H > 0 ? nullptr : out + pc.begin;
-        be_.template reduce_encode<Codec>(
-            lane::compute, recv_.data() + recv_base_[k] + H, recv_stride_[k], P_, pc.count,
-            slot + H, key1, pc.begin, state_.stage2_ref().shifted(pc.begin - mine.begin),
-            acc_.data(), decoded, scale);
+        be_.template reduce_encode<Codec>(lane::compute, recv_.data() + recv_base_[k] + H,
+                                          recv_stride_[k], P_, pc.count, slot + H, key1, pc.begin,
+                                          state_.stage2_ref().shifted(pc.begin - mine.begin),
+                                          acc_.data(), decoded, scale);
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
@@ -450,9 +450,10 @@ class engine {
       throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the output pointer is null");
     if (!broken_.empty())
       throw invalid_argument(__FILE__, __LINE__,
-                             std::string(who) + ": this collective object is unusable after an "
-                                                "earlier error (" + broken_ +
-                                 "); build a new one");
+                             std::string(who) +
+                                 ": this collective object is unusable after an "
+                                 "earlier error (" +
+                                 broken_ + "); build a new one");
     be_.check_alive(who);
   }
 
@@ -469,9 +470,8 @@ class engine {
     if (H == 0 && !opts_.verify) return cc_;
     frame_header h;
     h.magic = frame_magic;
-    h.config = config_id<T, Codec, Feedback, Schedule>(fnv1a(who) ^
-                                                       (static_cast<std::uint32_t>(opts_.op) << 1) ^
-                                                       (one_shot_ ? 1u : 0u));
+    h.config = config_id<T, Codec, Feedback, Schedule>(
+        fnv1a(who) ^ (static_cast<std::uint32_t>(opts_.op) << 1) ^ (one_shot_ ? 1u : 0u));
     h.count = count;
     h.step = step_;
     h.seq = seq;
@@ -656,8 +656,8 @@ class engine {
   bool one_shot_;
   std::uint32_t seq_ = 0;  ///< calls made so far (frame_header::seq)
   std::size_t last_count_ = 0;
-  call_check cc_;          ///< the current call's agreement state
-  std::string broken_;     ///< why this object refuses calls; empty while usable
+  call_check cc_;       ///< the current call's agreement state
+  std::string broken_;  ///< why this object refuses calls; empty while usable
   typename impl::transfer_buffer send_, recv_, gather_;  ///< what the backend moves
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;
