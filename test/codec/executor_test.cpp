@@ -153,3 +153,25 @@ TEST_CASE("runtime misuse throws invalid_argument naming the argument") {
   REQUIRE_NOTHROW(host::encode<C>(span<const float>(nullptr, 0), span<std::byte>(nullptr, 0)));
   REQUIRE_NOTHROW(host::decode<C>(span<const std::byte>(nullptr, 0), span<float>(nullptr, 0)));
 }
+
+TEST_CASE("every byte of a frame is defined: the meta section's padding is zero") {
+  // 5 blocks: 20 bytes of absmax meta padded to 32; 3 blocks of minmax: 24 padded to 32.
+  auto check = [](auto codec_tag, std::size_t n) {
+    using Codec = decltype(codec_tag);
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+    const std::size_t bytes = Codec::frame_bytes(n);
+    frame_buffer clean(bytes), dirty(bytes);
+    std::memset(dirty.data(), 0xA7, dirty.size());
+    host::encode<Codec>(span<const float>(x.data(), n), span<std::byte>(clean.data(), bytes));
+    host::encode<Codec>(span<const float>(x.data(), n), span<std::byte>(dirty.data(), bytes));
+    const std::size_t meta_end = Codec::num_blocks(n) * sizeof(typename Codec::meta_type);
+    REQUIRE(Codec::codes_offset(n) > meta_end);
+    for (std::size_t i = meta_end; i < Codec::codes_offset(n); ++i)
+      REQUIRE(dirty.data()[i] == std::byte{0});
+    REQUIRE(std::memcmp(clean.data(), dirty.data(), bytes) == 0);
+  };
+  check(codec<quant::absmax<4>>{}, 5 * 128);
+  check(codec<quant::absmax<1>>{}, 5 * 128 - 7);
+  check(codec<quant::minmax<4>>{}, 3 * 128);
+}

@@ -67,6 +67,10 @@ void encode(span<const T> x, span<std::byte> frame, const rng_key& key = {},
   LOWBIT_EXPECTS(index0 % Codec::group_size == 0, "encode: index0 must be a multiple of 32");
   constexpr int B = Codec::block_size, G = Codec::group_size;
   std::byte* codes_base = frame.data() + Codec::codes_offset(count);
+  // The meta section's padding is zero (every byte of a frame is defined).
+  for (std::size_t i = Codec::num_blocks(count) * sizeof(typename Codec::meta_type);
+       i < Codec::codes_offset(count); ++i)
+    frame.data()[i] = std::byte{0};
 
   for (std::size_t block = 0; block * B < count; ++block) {
     const std::size_t first = block * B;

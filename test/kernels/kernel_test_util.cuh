@@ -216,7 +216,8 @@ void check_encode_decode(const std::vector<float>& xf, std::uint64_t salt,
                            nullptr);
   }
   KT_CUDA(cudaDeviceSynchronize());
-  // The whole frame and 64 bytes beyond: padding stays untouched on both sides.
+  // The whole frame (its meta padding zeroed on both sides) and 16 bytes beyond it, which
+  // stay untouched.
   require_same_bytes(hf.data(), df.download(fb + 16), fb + 16, "encoded frame");
 
   for (const float scale : {1.0f, 0.25f + static_cast<float>(g() % 1000) / 1000.0f}) {

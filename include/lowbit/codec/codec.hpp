@@ -2,7 +2,7 @@
 //
 // Frame of `count` values (16-byte aligned, size a function of count alone):
 //
-//   [meta of block 0][meta of block 1]...  padded to 16 bytes
+//   [meta of block 0][meta of block 1]...  padded to 16 bytes with zeros
 //   [codes of block 0][codes of block 1]... each block_size*bits/8 bytes, the code
 //                                           stream of a block dense and little-endian
 //

@@ -169,6 +169,9 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
  public:
   /// The algorithm calls run: one_shot or two_phase (collective_options::algorithm resolved).
   all_reduce_algorithm algorithm() const noexcept { return this->engine_.algorithm(); }
+  /// The feedback state, shared by every width (its buffers are host or device memory,
+  /// as the backend's).
+  auto& feedback_state() noexcept { return this->engine_.feedback_state(); }
 };
 
 }  // namespace lowbit

@@ -430,6 +430,9 @@ void encode(span<const T> x, span<std::byte> frame, const rng_key& key = {},
   using E = std::remove_cv_t<T>;
   const E* xp = x.data();
   std::byte* fp = frame.data();
+  // The meta section's padding is zero, as the kernels write it: every byte is defined.
+  const std::size_t meta_end = Codec::num_blocks(count) * sizeof(typename Codec::meta_type);
+  if (count > 0) std::memset(fp + meta_end, 0, Codec::codes_offset(count) - meta_end);
   detail::parallel_ranges(Codec::num_blocks(count), detail::worker_count(count, policy),
                           [&](std::size_t b0, std::size_t b1) {
                             detail::encode_blocks<Codec, E, Feedback>(xp, count, fp, key, index0,

@@ -134,6 +134,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
   const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    zero_meta_padding<typename Codec::meta_type>(frame, w.blocks, w.codes_offset);
 
   for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, w.blocks);

@@ -65,4 +65,13 @@ __device__ __forceinline__ void store_meta(std::byte* frame, std::size_t block, 
   reinterpret_cast<Meta*>(frame)[block] = m;
 }
 
+/// Zeroes the meta section's padding (the under 16 bytes between the last block's meta
+/// and the codes), so that every byte of a frame is defined and the same as the host
+/// codec's: frames are compared, hashed and sent whole. One thread of the grid calls it.
+template <class Meta>
+__device__ __forceinline__ void zero_meta_padding(std::byte* frame, std::size_t blocks,
+                                                  std::size_t codes_offset) {
+  for (std::size_t i = blocks * sizeof(Meta); i < codes_offset; ++i) frame[i] = std::byte{0};
+}
+
 }  // namespace lowbit::kernels::detail
