@@ -199,6 +199,85 @@ TEST_CASE("hierarchical_all_reduce: error feedback over several steps") {
     check_shape<C2s, Res>(N, G, true, 10007, reduce_op::sum, 3, salt++);
 }
 
+TEST_CASE("hierarchical_all_reduce: an 8-bit intra codec, within the bound and identical on all "
+          "ranks") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
+    mpi::hierarchical_all_reduce<float, C4n, feedback::none, C8n, schedule::flat> reduce(
+        nc.intra, nc.inter, 5000);
+    const std::size_t count = 4099;
+    const auto x = make_input(input_kind::normal, count, me, 77);
+    std::vector<float> out(count);
+    reduce(x.data(), out.data(), count);
+    std::vector<double> exact(count, 0.0);
+    double amax = 0;
+    for (int p = 0; p < world_size(); ++p) {
+      const auto xp = make_input(input_kind::normal, count, p, 77);
+      for (std::size_t i = 0; i < count; ++i) exact[i] += xp[i];
+    }
+    for (double v : exact) amax = std::max(amax, std::abs(v));
+    double worst = 0;
+    for (std::size_t i = 0; i < count; ++i) worst = std::max(worst, std::abs(out[i] - exact[i]));
+    // A loose bound: 4-bit steps of the node sums, twice, plus the 8-bit intra stages.
+    CHECK(worst <= 2.0 * step_for<C4n>(amax * 2) * N);
+    CHECK(same_on_all_ranks(out.data(), count * sizeof(float)));
+  }
+}
+
+TEST_CASE("hierarchical_reduce_scatter: this rank's part of the hierarchical all_reduce's sum") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank(), P = world_size();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, false));
+    collective_options o;
+    o.seed = shared_seed() + 5;
+    mpi::hierarchical_reduce_scatter<float, C4n, feedback::none, full_precision, schedule::flat>
+        rs(nc.intra, nc.inter, 5000, o);
+    for (const std::size_t count : {std::size_t(3), std::size_t(4099)}) {
+      const auto x = make_input(input_kind::normal, count, me, 91);
+      const schedule::range mine = rs.shard(count);
+      std::vector<float> out(mine.count + 1);
+      rs(x.data(), out.data(), count);
+      // The parts tile the tensor: their sizes add up to count over every rank.
+      unsigned long long total = mine.count, all = 0;
+      MPI_Allreduce(&total, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(all == count);
+      std::vector<std::vector<double>> node_sums(static_cast<std::size_t>(N),
+                                                 std::vector<double>(count, 0.0));
+      std::vector<double> exact(count, 0.0);
+      for (int p = 0; p < P; ++p) {
+        const auto xp = make_input(input_kind::normal, count, p, 91);
+        for (std::size_t i = 0; i < count; ++i) {
+          node_sums[node_of(p, N, G, false)][i] += xp[i];
+          exact[i] += xp[i];
+        }
+      }
+      const auto bound = error_bound<C4n>(node_sums, false, 1.0);
+      std::vector<float> got(out.begin(), out.begin() + mine.count);
+      CHECK(worst_ratio(got, std::vector<double>(exact.begin() + mine.begin, exact.begin() + mine.end()),
+                        std::vector<double>(bound.begin() + mine.begin, bound.begin() + mine.end())) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("hierarchical_all_reduce: a rank whose count differs raises agreement_error on every "
+          "rank, before data moves, and the object stays usable") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
+    collective_options o;
+    o.timeout = std::chrono::seconds(20);
+    mpi::hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat>
+        reduce(nc.intra, nc.inter, 1000, o);
+    std::vector<float> x(1000, 1.0f), out(1000, -1.0f);
+    const std::size_t count = me == world_size() - 1 ? 999 : 1000;
+    CHECK_THROWS_AS(reduce(x.data(), out.data(), count), agreement_error);
+    CHECK(out[0] == -1.0f);  // nothing written
+    reduce(x.data(), out.data(), 1000);
+    CHECK(out[0] == static_cast<float>(world_size()));
+  }
+}
+
 }  // namespace
 }  // namespace lowbit::test
 
