@@ -175,10 +175,11 @@ void print_row(const simulator& sim, const std::string& label, const evaluation&
 int comm_table(const options& o, const device_profile& dev) {
   const int G = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
   const link_profile intra = builtin_link(o.intra_link), inter = builtin_link(o.inter_link);
-  std::printf("lowbit-plan: hierarchical all-reduce of %.0f fp32 values, nodes of %d %s, %s "
-              "inside (%.3g GB/s), %s per rank between nodes (%.3g GB/s)\n",
-              o.comm_table, G, dev.name.c_str(), intra.name.c_str(), intra.bandwidth_gbs,
-              inter.name.c_str(), inter.bandwidth_gbs);
+  std::printf(
+      "lowbit-plan: hierarchical all-reduce of %.0f fp32 values, nodes of %d %s, %s "
+      "inside (%.3g GB/s), %s per rank between nodes (%.3g GB/s)\n",
+      o.comm_table, G, dev.name.c_str(), intra.name.c_str(), intra.bandwidth_gbs,
+      inter.name.c_str(), inter.bandwidth_gbs);
   std::printf("  %6s %6s %12s %12s %10s\n", "nodes", "bits", "ms", "fp32 ms", "speed-up");
   for (int n : o.nodes) {
     if (n < 1) throw usage_error("--nodes: node counts must be >= 1");
@@ -214,10 +215,11 @@ int run(const options& o) {
   std::printf("lowbit-plan: %s on %s (%s over %s, %.3g GB/s)\n", model.name.c_str(),
               hw.name.c_str(), devices.c_str(), hw.link.name.c_str(), hw.link.bandwidth_gbs);
   if (hw.hierarchical())
-    std::printf("  hierarchical all-reduce: %d nodes of %d ranks, %s between nodes (%.3g GB/s "
-                "per rank); bucket bits are the cross-node width\n",
-                hw.world_size() / hw.ranks_per_node, hw.ranks_per_node, hw.inter_link.name.c_str(),
-                hw.inter_link.bandwidth_gbs);
+    std::printf(
+        "  hierarchical all-reduce: %d nodes of %d ranks, %s between nodes (%.3g GB/s "
+        "per rank); bucket bits are the cross-node width\n",
+        hw.world_size() / hw.ranks_per_node, hw.ranks_per_node, hw.inter_link.name.c_str(),
+        hw.inter_link.bandwidth_gbs);
   std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
               decisions, g.total_params() / 1e6, sim.buckets().size());
 

@@ -55,9 +55,7 @@ std::vector<float> simulate_rail(const std::vector<std::vector<float>>& xs, std:
                                  std::vector<sim_rank>& st) {
   const int N = static_cast<int>(xs.size());
   std::vector<float> out(count);
-  const auto fb = [&](int p, std::size_t off) {
-    return st[p].state.worker_ref().shifted(off);
-  };
+  const auto fb = [&](int p, std::size_t off) { return st[p].state.worker_ref().shifted(off); };
   if (N == 2) {
     const std::size_t fbytes = Codec::frame_bytes(count);
     lowbit::detail::host_buffer<std::byte> frames(fbytes * N);
@@ -91,11 +89,10 @@ std::vector<float> simulate_rail(const std::vector<std::vector<float>>& xs, std:
       else
         host::encode<Codec>(x, f, k, s.begin);
     }
-    host::decode_accumulate_encode<Codec>(frames.data(), fbytes, N,
-                                          span<float>(acc.data(), s.count),
-                                          span<std::byte>(red.data(), fbytes),
-                                          rng_key{seed, step, static_cast<std::uint32_t>(q), 1},
-                                          s.begin);
+    host::decode_accumulate_encode<Codec>(
+        frames.data(), fbytes, N, span<float>(acc.data(), s.count),
+        span<std::byte>(red.data(), fbytes), rng_key{seed, step, static_cast<std::uint32_t>(q), 1},
+        s.begin);
     host::decode<Codec>(span<const std::byte>(red.data(), fbytes),
                         span<float>(out.data() + s.begin, s.count), scale);
   }
@@ -137,7 +134,7 @@ template <class Codec, class Feedback>
 void check_shape(int N, int G, bool interleaved, std::size_t count, reduce_op op, int steps,
                  std::uint64_t salt) {
   INFO(N << " nodes x " << G << (interleaved ? " (interleaved)" : " (contiguous)") << ", count "
-          << count << ", " << Codec::bits << " bits, " << Feedback::name);
+         << count << ", " << Codec::bits << " bits, " << Feedback::name);
   const int me = world_rank(), P = world_size();
   const auto nc = comm::split_by_node(world(), node_of(me, N, G, interleaved) * 7 + 3);
   REQUIRE(nc.nodes == N);
@@ -182,8 +179,9 @@ void check_shape(int N, int G, bool interleaved, std::size_t count, reduce_op op
   }
 }
 
-TEST_CASE("hierarchical_all_reduce: every node shape, equal to the host simulation and within "
-          "the bound of fp64") {
+TEST_CASE(
+    "hierarchical_all_reduce: every node shape, equal to the host simulation and within "
+    "the bound of fp64") {
   std::uint64_t salt = 1;
   for (const auto& [N, G] : shapes())
     for (const bool interleaved : {false, true})
@@ -199,8 +197,9 @@ TEST_CASE("hierarchical_all_reduce: error feedback over several steps") {
     check_shape<C2s, Res>(N, G, true, 10007, reduce_op::sum, 3, salt++);
 }
 
-TEST_CASE("hierarchical_all_reduce: an 8-bit intra codec, within the bound and identical on all "
-          "ranks") {
+TEST_CASE(
+    "hierarchical_all_reduce: an 8-bit intra codec, within the bound and identical on all "
+    "ranks") {
   for (const auto& [N, G] : shapes()) {
     const int me = world_rank();
     const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
@@ -231,8 +230,8 @@ TEST_CASE("hierarchical_reduce_scatter: this rank's part of the hierarchical all
     const auto nc = comm::split_by_node(world(), node_of(me, N, G, false));
     collective_options o;
     o.seed = shared_seed() + 5;
-    mpi::hierarchical_reduce_scatter<float, C4n, feedback::none, full_precision, schedule::flat>
-        rs(nc.intra, nc.inter, 5000, o);
+    mpi::hierarchical_reduce_scatter<float, C4n, feedback::none, full_precision, schedule::flat> rs(
+        nc.intra, nc.inter, 5000, o);
     for (const std::size_t count : {std::size_t(3), std::size_t(4099)}) {
       const auto x = make_input(input_kind::normal, count, me, 91);
       const schedule::range mine = rs.shard(count);
@@ -254,21 +253,24 @@ TEST_CASE("hierarchical_reduce_scatter: this rank's part of the hierarchical all
       }
       const auto bound = error_bound<C4n>(node_sums, false, 1.0);
       std::vector<float> got(out.begin(), out.begin() + mine.count);
-      CHECK(worst_ratio(got, std::vector<double>(exact.begin() + mine.begin, exact.begin() + mine.end()),
-                        std::vector<double>(bound.begin() + mine.begin, bound.begin() + mine.end())) <= 1.0);
+      CHECK(worst_ratio(
+                got, std::vector<double>(exact.begin() + mine.begin, exact.begin() + mine.end()),
+                std::vector<double>(bound.begin() + mine.begin, bound.begin() + mine.end())) <=
+            1.0);
     }
   }
 }
 
-TEST_CASE("hierarchical_all_reduce: a rank whose count differs raises agreement_error on every "
-          "rank, before data moves, and the object stays usable") {
+TEST_CASE(
+    "hierarchical_all_reduce: a rank whose count differs raises agreement_error on every "
+    "rank, before data moves, and the object stays usable") {
   for (const auto& [N, G] : shapes()) {
     const int me = world_rank();
     const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
     collective_options o;
     o.timeout = std::chrono::seconds(20);
-    mpi::hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat>
-        reduce(nc.intra, nc.inter, 1000, o);
+    mpi::hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> reduce(
+        nc.intra, nc.inter, 1000, o);
     std::vector<float> x(1000, 1.0f), out(1000, -1.0f);
     const std::size_t count = me == world_size() - 1 ? 999 : 1000;
     CHECK_THROWS_AS(reduce(x.data(), out.data(), count), agreement_error);

@@ -208,8 +208,8 @@ class hierarchical_reduce_scatter
   using typename base::comm_type;
   using typename base::stream_type;
 
-  hierarchical_reduce_scatter(const comm_type& intra, const comm_type& inter,
-                              std::size_t max_count, const collective_options& opts = {})
+  hierarchical_reduce_scatter(const comm_type& intra, const comm_type& inter, std::size_t max_count,
+                              const collective_options& opts = {})
       : base(intra, inter, max_count, opts, "lowbit::hierarchical_reduce_scatter") {}
   hierarchical_reduce_scatter(const comm_type&&, const comm_type&, std::size_t,
                               const collective_options& = {}) = delete;

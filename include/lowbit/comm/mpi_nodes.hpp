@@ -50,8 +50,8 @@ inline node_comms<mpi_comm> split_by_node(const mpi_comm& world, int node_key) {
   int lo = 0, hi = 0;
   LOWBIT_MPI_TRY(MPI_Allreduce(&nc.ranks_per_node, &lo, 1, MPI_INT, MPI_MIN, w));
   LOWBIT_MPI_TRY(MPI_Allreduce(&nc.ranks_per_node, &hi, 1, MPI_INT, MPI_MAX, w));
-  LOWBIT_EXPECTS(lo == hi, "lowbit::comm::split_by_node: nodes hold between " +
-                               std::to_string(lo) + " and " + std::to_string(hi) +
+  LOWBIT_EXPECTS(lo == hi, "lowbit::comm::split_by_node: nodes hold between " + std::to_string(lo) +
+                               " and " + std::to_string(hi) +
                                " ranks; hierarchical collectives need the same number on "
                                "every node");
   nc.inter = detail::split_owned(w, nc.local_rank, me);

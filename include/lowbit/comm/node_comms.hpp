@@ -11,11 +11,11 @@ namespace lowbit::comm {
 /// equal too. Move-only, as the communicators are.
 template <class Comm>
 struct node_comms {
-  Comm intra;           ///< the ranks of this node, ordered by their rank in the parent
-  Comm inter;           ///< this rank's rail, ordered by node
-  int node = 0;         ///< this rank's node: its rank in `inter`
-  int local_rank = 0;   ///< this rank's index on its node: its rank in `intra`
-  int nodes = 0;        ///< inter.size()
+  Comm intra;              ///< the ranks of this node, ordered by their rank in the parent
+  Comm inter;              ///< this rank's rail, ordered by node
+  int node = 0;            ///< this rank's node: its rank in `inter`
+  int local_rank = 0;      ///< this rank's index on its node: its rank in `intra`
+  int nodes = 0;           ///< inter.size()
   int ranks_per_node = 0;  ///< intra.size()
 };
 

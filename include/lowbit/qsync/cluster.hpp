@@ -36,13 +36,11 @@ struct cluster {
   std::string name;
   std::vector<device_group> groups;
   link_profile link;
-  int ranks_per_node = 0;  ///< 0 or 1: one flat all-reduce over `link`
+  int ranks_per_node = 0;   ///< 0 or 1: one flat all-reduce over `link`
   link_profile inter_link;  ///< between nodes, per rank, when ranks_per_node > 1
 
   /// True when buckets are reduced hierarchically (more than one node of several ranks).
-  bool hierarchical() const noexcept {
-    return ranks_per_node > 1 && world_size() > ranks_per_node;
-  }
+  bool hierarchical() const noexcept { return ranks_per_node > 1 && world_size() > ranks_per_node; }
 
   /// Total ranks.
   int world_size() const noexcept {

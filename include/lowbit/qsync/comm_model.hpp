@@ -78,8 +78,9 @@ inline double all_reduce_ms(int bits, double count, int ranks, const link_profil
 inline double hierarchical_all_reduce_ms(int bits, double count, int nodes, int per_node,
                                          const link_profile& intra, const link_profile& inter,
                                          const device_profile& dev, int intra_bits = 32) {
-  LOWBIT_EXPECTS(nodes >= 1 && per_node >= 1, "a hierarchical all-reduce needs nodes >= 1 and "
-                                              "ranks per node >= 1");
+  LOWBIT_EXPECTS(nodes >= 1 && per_node >= 1,
+                 "a hierarchical all-reduce needs nodes >= 1 and "
+                 "ranks per node >= 1");
   if (count <= 0 || nodes * per_node == 1) return 0.0;
   const double shard = std::ceil(count / per_node);
   double intra_ms = 0.0;

@@ -18,8 +18,8 @@ template <class T>
 class plain_stage<backend::nccl, T> {
  public:
   /// Needs no workspace: NCCL moves the values in place.
-  plain_stage(const comm::nccl_comm& intra, std::size_t, std::size_t,
-              const collective_options&, const char*)
+  plain_stage(const comm::nccl_comm& intra, std::size_t, std::size_t, const collective_options&,
+              const char*)
       : be_(intra, 0, 1) {}
 
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,

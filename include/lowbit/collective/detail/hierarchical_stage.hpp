@@ -237,8 +237,9 @@ class intra_stage {
         why = "the nodes of this rail hold " + std::to_string(o[0]) + " and " +
               std::to_string(intra_size) + " ranks";
     }
-    LOWBIT_EXPECTS(why.empty(), std::string(who_) + ": every node must hold the same number of "
-                                                    "ranks, and every rail one rank per node: " +
+    LOWBIT_EXPECTS(why.empty(), std::string(who_) +
+                                    ": every node must hold the same number of "
+                                    "ranks, and every rail one rank per node: " +
                                     why);
   }
 
@@ -246,7 +247,8 @@ class intra_stage {
                                     int ranks, int me, const char* where) {
     for (int p = 0; p < ranks; ++p) {
       if (p == me) continue;
-      const std::string why = mismatch(load_header(all + static_cast<std::size_t>(p) * bytes), h, p);
+      const std::string why =
+          mismatch(load_header(all + static_cast<std::size_t>(p) * bytes), h, p);
       if (!why.empty()) return std::string("on the ") + where + " communicator, " + why;
     }
     return {};
