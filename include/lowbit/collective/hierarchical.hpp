@@ -98,15 +98,6 @@ class hierarchical_base {
     ++step_;
   }
 
-  /// Runs a stage-2 call with the backend's entry point: async on NCCL, a call on MPI.
-  template <class C, class In, class Out>
-  static void issue(C& c, In in, Out out, std::size_t count, stream_type stream) {
-    if constexpr (on_nccl)
-      c.async(in, out, count, stream);
-    else
-      c(in, out, count, stream);
-  }
-
   std::size_t max_count_;
   const char* who_;
   std::uint32_t seq_ = 0;  ///< calls made so far
@@ -183,7 +174,8 @@ class hierarchical_all_reduce
     this->begin_call(count, stream);
     const schedule::range mine = this->intra_.shard(count);
     this->intra_.reduce_scatter(in, this->shard_.data(), count, stream);
-    this->issue(this->inter_, this->shard_.data(), this->shard_.data(), mine.count, stream);
+    detail::issue_call<Backend>(this->inter_, this->shard_.data(), this->shard_.data(), mine.count,
+                                stream);
     this->intra_.all_gather(this->shard_.data(), out, count, stream);
   }
 };
@@ -242,7 +234,7 @@ class hierarchical_reduce_scatter
     this->begin_call(count, stream);
     const schedule::range rail = this->rail_shard(count);
     this->intra_.reduce_scatter(in, this->shard_.data(), count, stream);
-    this->issue(this->inter_, this->shard_.data(), out, rail.count, stream);
+    detail::issue_call<Backend>(this->inter_, this->shard_.data(), out, rail.count, stream);
   }
 };
 

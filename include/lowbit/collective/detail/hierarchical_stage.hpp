@@ -39,6 +39,16 @@ class plain_stage {
                 "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
 };
 
+/// Runs a call of a flat collective with the backend's entry point: async on NCCL (the
+/// hierarchical call synchronises once, at its end), a completed call on MPI.
+template <class Backend, class C, class In, class Out, class Stream>
+void issue_call(C& c, In in, Out out, std::size_t count, Stream stream) {
+  if constexpr (std::is_same_v<Backend, backend::nccl>)
+    c.async(in, out, count, stream);
+  else
+    c(in, out, count, stream);
+}
+
 /// Small all-gathers over one communicator (checked mode's fingerprint exchange), within a
 /// deadline: how a hierarchical call checks its ranks' agreement.
 template <class Backend>
@@ -80,8 +90,8 @@ class intra_stage {
       return std::size_t(IntraCodec::block_size);
   }();
   struct coded {
-    reduce_scatter<T, IntraCodec, feedback::none, Schedule, Backend> rs;
-    all_gather<T, IntraCodec, Schedule, Backend> ag;
+    ::lowbit::reduce_scatter<T, IntraCodec, feedback::none, Schedule, Backend> rs;
+    ::lowbit::all_gather<T, IntraCodec, Schedule, Backend> ag;
   };
   using stages = std::conditional_t<plain, plain_stage<Backend, T>, coded>;
 
@@ -175,14 +185,14 @@ class intra_stage {
     if constexpr (plain)
       stages_.reduce_scatter(in, out, count, block, opts_.op, stream);
     else
-      issue(stages_.rs, in, out, count, stream);
+      issue_call<Backend>(stages_.rs, in, out, count, stream);
   }
   /// Stage 3: every rank's shard of `in` into out[0, count).
   void all_gather(const T* in, T* out, std::size_t count, stream_type stream) {
     if constexpr (plain)
       stages_.all_gather(in, out, count, block, stream);
     else
-      issue(stages_.ag, in, out, count, stream);
+      issue_call<Backend>(stages_.ag, in, out, count, stream);
   }
 
  private:
@@ -252,14 +262,6 @@ class intra_stage {
       if (!why.empty()) return std::string("on the ") + where + " communicator, " + why;
     }
     return {};
-  }
-
-  template <class C>
-  static void issue(C& c, const T* in, T* out, std::size_t count, stream_type stream) {
-    if constexpr (on_nccl)
-      c.async(in, out, count, stream);
-    else
-      c(in, out, count, stream);
   }
 
   const char* who_;
