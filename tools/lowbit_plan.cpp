@@ -39,6 +39,16 @@ options:
   --comm-bits LIST      candidate bucket bit-widths, ascending (default 4,8,16,32;
                         16 = bf16, 32 = fp32)
   --solver greedy|exact greedy (default) or the exact branch and bound (small models)
+  --ranks-per-node G    reduce buckets hierarchically: nodes of G ranks (the cluster's
+                        link inside a node, --inter-link between nodes)
+  --inter-link NAME     a built-in link, per rank, between nodes (default ib-ndr)
+  --comm-table COUNT    print the communication model instead of planning: predicted
+                        ms of one all-reduce of COUNT fp32 values per --comm-bits width
+                        on each of --nodes (default 2,4,8,16) nodes of G ranks (the
+                        device of the cluster's first group, --intra-link inside a
+                        node), and the speed-up over fp32
+  --nodes LIST          node counts of --comm-table
+  --intra-link NAME     the link inside a node for --comm-table (default nvlink4)
   --out FILE            write the plan as JSON
   --all-ops             list parameter-free ops too (they follow their input)
   --help                this text
@@ -57,6 +67,10 @@ struct options {
   int batch = 0, seq = 384;
   double target_ms = 0;
   std::vector<int> comm_bits = {4, 8, 16, 32};
+  int ranks_per_node = 0;
+  std::string inter_link = "ib-ndr", intra_link = "nvlink4";
+  double comm_table = 0;
+  std::vector<int> nodes = {2, 4, 8, 16};
   bool all_ops = false, help = false;
 };
 
@@ -100,6 +114,21 @@ options parse_args(int argc, char** argv) {
       o.solver = value();
       if (o.solver != "greedy" && o.solver != "exact")
         throw usage_error("--solver must be greedy or exact, got '" + o.solver + "'");
+    } else if (a == "--ranks-per-node") {
+      o.ranks_per_node = static_cast<int>(to_number(a, value()));
+      if (o.ranks_per_node < 1) throw usage_error("--ranks-per-node must be >= 1");
+    } else if (a == "--inter-link") {
+      o.inter_link = value();
+    } else if (a == "--intra-link") {
+      o.intra_link = value();
+    } else if (a == "--comm-table") {
+      o.comm_table = to_number(a, value());
+      if (!(o.comm_table > 0)) throw usage_error("--comm-table needs a positive count");
+    } else if (a == "--nodes") {
+      o.nodes.clear();
+      std::stringstream ss(value());
+      for (std::string item; std::getline(ss, item, ',');)
+        o.nodes.push_back(static_cast<int>(to_number(a, item)));
     } else if (a == "--out") {
       o.out = value();
     } else if (a == "--all-ops") {
@@ -142,9 +171,39 @@ void print_row(const simulator& sim, const std::string& label, const evaluation&
   std::printf("\n");
 }
 
+/// --comm-table: the communication model alone, for node counts x code widths.
+int comm_table(const options& o, const device_profile& dev) {
+  const int G = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
+  const link_profile intra = builtin_link(o.intra_link), inter = builtin_link(o.inter_link);
+  std::printf(
+      "lowbit-plan: hierarchical all-reduce of %.0f fp32 values, nodes of %d %s, %s "
+      "inside (%.3g GB/s), %s per rank between nodes (%.3g GB/s)\n",
+      o.comm_table, G, dev.name.c_str(), intra.name.c_str(), intra.bandwidth_gbs,
+      inter.name.c_str(), inter.bandwidth_gbs);
+  std::printf("  %6s %6s %12s %12s %10s\n", "nodes", "bits", "ms", "fp32 ms", "speed-up");
+  for (int n : o.nodes) {
+    if (n < 1) throw usage_error("--nodes: node counts must be >= 1");
+    const double fp32 = hierarchical_all_reduce_ms(32, o.comm_table, n, G, intra, inter, dev);
+    for (int bits : o.comm_bits) {
+      const double ms = hierarchical_all_reduce_ms(bits, o.comm_table, n, G, intra, inter, dev);
+      std::printf("  %6d %6d %12.3f %12.3f %9.2fx\n", n, bits, ms, fp32, ms > 0 ? fp32 / ms : 1.0);
+    }
+  }
+  return 0;
+}
+
 int run(const options& o) {
   const training_model model = load_model(o);
-  const cluster hw = load_cluster(o, model.graph);
+  cluster hw = load_cluster(o, model.graph);
+  if (o.comm_table > 0) return comm_table(o, hw.groups.at(0).device);
+  if (o.ranks_per_node > 0) {
+    if (hw.world_size() % o.ranks_per_node != 0)
+      throw usage_error("--ranks-per-node " + std::to_string(o.ranks_per_node) +
+                        " does not divide the cluster's " + std::to_string(hw.world_size()) +
+                        " ranks");
+    hw.ranks_per_node = o.ranks_per_node;
+    hw.inter_link = builtin_link(o.inter_link);
+  }
   const simulator sim(model, hw);
   const op_graph& g = sim.graph();
 
@@ -155,6 +214,12 @@ int run(const options& o) {
     devices += (devices.empty() ? "" : " + ") + std::to_string(grp.count) + "x " + grp.device.name;
   std::printf("lowbit-plan: %s on %s (%s over %s, %.3g GB/s)\n", model.name.c_str(),
               hw.name.c_str(), devices.c_str(), hw.link.name.c_str(), hw.link.bandwidth_gbs);
+  if (hw.hierarchical())
+    std::printf(
+        "  hierarchical all-reduce: %d nodes of %d ranks, %s between nodes (%.3g GB/s "
+        "per rank); bucket bits are the cross-node width\n",
+        hw.world_size() / hw.ranks_per_node, hw.ranks_per_node, hw.inter_link.name.c_str(),
+        hw.inter_link.bandwidth_gbs);
   std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
               decisions, g.total_params() / 1e6, sim.buckets().size());
 

@@ -175,3 +175,20 @@ TEST_CASE("simulator: hybrid groups share bucket times, the iteration is the slo
   REQUIRE(e.times.device_ms[0] == Approx(e.times.device_ms[1]));
   REQUIRE(e.groups[0].timing.compute_end < e.groups[1].timing.compute_end);
 }
+
+TEST_CASE(
+    "hierarchical_all_reduce_ms: one node is the intra stages, one rank per node the flat "
+    "all-reduce, and fewer cross-node bits are faster") {
+  using namespace lowbit::qsync;
+  const device_profile dev = h200();
+  const link_profile nv = builtin_link("nvlink4"), ib = builtin_link("ib-ndr");
+  const double n = 1 << 26;
+  CHECK(hierarchical_all_reduce_ms(4, n, 4, 1, nv, ib, dev) == all_reduce_ms(4, n, 4, ib, dev));
+  const double intra = hierarchical_all_reduce_ms(4, n, 1, 8, nv, ib, dev);
+  CHECK(intra ==
+        Approx(2 * (7 * nv.latency_ms + 7 * wire_bytes(32, n / 8) / (nv.bandwidth_gbs * 1e6))));
+  CHECK(hierarchical_all_reduce_ms(4, n, 8, 8, nv, ib, dev) <
+        hierarchical_all_reduce_ms(8, n, 8, 8, nv, ib, dev));
+  CHECK(hierarchical_all_reduce_ms(8, n, 8, 8, nv, ib, dev) <
+        hierarchical_all_reduce_ms(32, n, 8, 8, nv, ib, dev));
+}

@@ -9,8 +9,11 @@
 #include "lowbit/collective/all_gather.hpp"
 #include "lowbit/collective/all_reduce.hpp"
 #include "lowbit/collective/detail/backend_mpi.hpp"
+#include "lowbit/collective/detail/hierarchical_mpi.hpp"
+#include "lowbit/collective/hierarchical.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/comm/mpi_comm.hpp"
+#include "lowbit/comm/mpi_nodes.hpp"
 
 namespace lowbit::mpi {
 
@@ -27,5 +30,14 @@ template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2,
           class Feedback = feedback::none, class Schedule = schedule::default_schedule>
 using dynamic_all_reduce =
     lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::mpi>;
+template <class T, class InterCodec, class Feedback = feedback::none,
+          class IntraCodec = full_precision, class Schedule = schedule::default_schedule>
+using hierarchical_all_reduce =
+    lowbit::hierarchical_all_reduce<T, InterCodec, Feedback, IntraCodec, Schedule, backend::mpi>;
+template <class T, class InterCodec, class Feedback = feedback::none,
+          class IntraCodec = full_precision, class Schedule = schedule::default_schedule>
+using hierarchical_reduce_scatter =
+    lowbit::hierarchical_reduce_scatter<T, InterCodec, Feedback, IntraCodec, Schedule,
+                                        backend::mpi>;
 
 }  // namespace lowbit::mpi

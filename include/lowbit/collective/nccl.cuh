@@ -11,5 +11,8 @@
 #include "lowbit/collective/all_reduce.hpp"
 #include "lowbit/collective/calibrate.cuh"
 #include "lowbit/collective/detail/backend_nccl.cuh"
+#include "lowbit/collective/detail/hierarchical_nccl.cuh"
+#include "lowbit/collective/hierarchical.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
+#include "lowbit/comm/nccl_nodes.hpp"

@@ -28,11 +28,19 @@ struct device_group {
 };
 
 /// Every device of a synchronous data-parallel job. All ranks join one all-reduce
-/// whose speed is set by `link`, the slowest link class any rank crosses.
+/// whose speed is set by `link`, the slowest link class any rank crosses; or, with
+/// `ranks_per_node` > 1, a hierarchical all-reduce (lowbit::hierarchical_all_reduce) with
+/// `link` inside a node and `inter_link` (one rank's own network link) between nodes, the
+/// bucket's bits choosing the cross-node code width.
 struct cluster {
   std::string name;
   std::vector<device_group> groups;
   link_profile link;
+  int ranks_per_node = 0;   ///< 0 or 1: one flat all-reduce over `link`
+  link_profile inter_link;  ///< between nodes, per rank, when ranks_per_node > 1
+
+  /// True when buckets are reduced hierarchically (more than one node of several ranks).
+  bool hierarchical() const noexcept { return ranks_per_node > 1 && world_size() > ranks_per_node; }
 
   /// Total ranks.
   int world_size() const noexcept {

@@ -147,6 +147,10 @@ class simulator {
 
   /// Group g's time for bucket k's all-reduce at `bits`.
   double bucket_ms(std::size_t g, std::size_t k, int bits) const {
+    if (hw_.hierarchical())
+      return hierarchical_all_reduce_ms(bits, buckets_.at(k).numel,
+                                        hw_.world_size() / hw_.ranks_per_node, hw_.ranks_per_node,
+                                        hw_.link, hw_.inter_link, costs_.at(g).device());
     return all_reduce_ms(bits, buckets_.at(k).numel, hw_.world_size(), hw_.link,
                          costs_.at(g).device());
   }

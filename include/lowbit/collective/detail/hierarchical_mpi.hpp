@@ -1,0 +1,131 @@
+// The full-precision node-local stage of the hierarchical collectives on the host (MPI)
+// backend: frames of raw values moved by the backend's own all-to-all and all-gather (so
+// with their headers and deadlines), summed in fp32 in rank order, which is what makes
+// the result reproducible and equal to a host simulation (MPI_Reduce_scatter's order of
+// summation is the library's).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lowbit/collective/detail/backend_mpi.hpp"
+#include "lowbit/collective/detail/hierarchical_stage.hpp"
+
+namespace lowbit::detail {
+
+template <class T>
+class plain_stage<backend::mpi, T> {
+  using impl = backend_impl<backend::mpi>;
+  static constexpr std::size_t H = impl::header_bytes;
+
+ public:
+  /// Sizes every buffer for counts up to max_count (collective over `intra`: the
+  /// backend duplicates it).
+  plain_stage(const comm::mpi_comm& intra, std::size_t max_count, std::size_t block,
+              const collective_options& opts, const char* who)
+      : be_(intra, 0, 1), opts_(opts), who_(who), G_(intra.size()), me_(intra.rank()) {
+    const std::size_t shard = schedule::shard(max_count, block, G_, 0).count;  // the largest
+    const size_math m(who, max_count);
+    const std::size_t slot = m.add(H, m.mul(shard, sizeof(T)));
+    impl::check_sizes(m.mul(slot, G_), m.mul(slot, G_), m.mul(slot, G_));
+    send_ = host_buffer<std::byte>(m.mul(slot, G_));
+    recv_ = host_buffer<std::byte>(m.mul(slot, G_));
+    acc_ = host_buffer<float>(shard);
+    const std::size_t g = static_cast<std::size_t>(G_);
+    send_bytes_.assign(g, 0);
+    send_off_.assign(g, 0);
+    recv_bytes_.assign(g, 0);
+    recv_off_.assign(g, 0);
+  }
+
+  /// out = the fp32 sum, in rank order, of every rank's shard `me` of `in` (times 1/G for
+  /// avg), rounded once to T.
+  void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
+                      impl::stream_type) {
+    call_check cc = begin(count, "stage 1 (node-local reduce-scatter)");
+    const schedule::range mine = schedule::shard(count, block, G_, me_);
+    std::size_t send = 0;
+    for (int p = 0; p < G_; ++p) {
+      const std::size_t i = static_cast<std::size_t>(p);
+      const schedule::range s = schedule::shard(count, block, G_, p);
+      send_off_[i] = send;
+      send_bytes_[i] = p == me_ ? 0 : H + s.count * sizeof(T);
+      recv_off_[i] = i * (H + mine.count * sizeof(T));
+      recv_bytes_[i] = p == me_ ? 0 : H + mine.count * sizeof(T);
+      if (p == me_) continue;
+      put(send_.data() + send, in + s.begin, s.count, cc);
+      send += send_bytes_[i];
+    }
+    be_.alltoallv(lane::comm, send_.data(), send_bytes_.data(), send_off_.data(), recv_.data(),
+                  recv_bytes_.data(), recv_off_.data(), cc);
+    check(cc, recv_off_);
+    float* acc = acc_.data();
+    for (std::size_t j = 0; j < mine.count; ++j) acc[j] = 0.0f;
+    for (int p = 0; p < G_; ++p) {
+      const T* x = p == me_ ? in + mine.begin : values(recv_.data() + recv_off_[p]);
+      for (std::size_t j = 0; j < mine.count; ++j) acc[j] = fadd(acc[j], to_float(x[j]));
+    }
+    const float scale = op == reduce_op::avg ? 1.0f / static_cast<float>(G_) : 1.0f;
+    for (std::size_t j = 0; j < mine.count; ++j)
+      out[j] = from_float<T>(scale != 1.0f ? fmul(acc[j], scale) : acc[j]);
+  }
+
+  /// out[0, count) = every rank's shard, `in` being this rank's.
+  void all_gather(const T* in, T* out, std::size_t count, std::size_t block, impl::stream_type) {
+    call_check cc = begin(count, "stage 3 (node-local all-gather)");
+    const std::size_t slot = H + schedule::shard(count, block, G_, 0).count * sizeof(T);
+    const schedule::range mine = schedule::shard(count, block, G_, me_);
+    put(recv_.data() + static_cast<std::size_t>(me_) * slot, in, mine.count, cc);
+    be_.allgather(lane::comm, recv_, 0, slot, 32, cc);
+    for (int p = 0; p < G_; ++p) gather_off_[p] = static_cast<std::size_t>(p) * slot;
+    check(cc, gather_off_);
+    for (int p = 0; p < G_; ++p) {
+      const schedule::range s = schedule::shard(count, block, G_, p);
+      const T* x = p == me_ ? in : values(recv_.data() + gather_off_[p]);
+      if (s.count > 0 && out + s.begin != x) std::memmove(out + s.begin, x, s.count * sizeof(T));
+    }
+  }
+
+ private:
+  /// The call's expected header (seq: this stage's calls so far).
+  call_check begin(std::size_t count, const char* what) {
+    frame_header h;
+    h.magic = frame_magic;
+    h.config = config_id<T, plain_stage>(fnv1a(what));
+    h.count = count;
+    h.seq = seq_++;
+    h.bits = 32;
+    h.rank = static_cast<std::uint32_t>(me_);
+    gather_off_.assign(static_cast<std::size_t>(G_), 0);
+    return call_check(who_, h, opts_.timeout, G_);
+  }
+  /// A frame: the header, then n raw values.
+  static void put(std::byte* slot, const T* x, std::size_t n, const call_check& cc) {
+    std::memcpy(slot, &cc.want, H);
+    if (n > 0) std::memcpy(slot + H, x, n * sizeof(T));
+  }
+  static const T* values(const std::byte* slot) { return reinterpret_cast<const T*>(slot + H); }
+  /// Every peer's header; the agreement check before the call makes a mismatch here a
+  /// lowbit bug or a peer that failed mid-call, so it raises at once.
+  void check(call_check& cc, const std::vector<std::size_t>& off) {
+    for (int p = 0; p < G_; ++p)
+      if (p != me_ && !cc.bad[static_cast<std::size_t>(p)])
+        cc.check_frame(recv_.data() + off[static_cast<std::size_t>(p)], p);
+    if (cc.failed())
+      throw agreement_error(__FILE__, __LINE__,
+                            std::string(who_) + ": the ranks disagree: " + cc.error);
+  }
+
+  impl be_;
+  collective_options opts_;
+  const char* who_;
+  int G_, me_;
+  std::uint32_t seq_ = 0;
+  host_buffer<std::byte> send_, recv_;
+  host_buffer<float> acc_;
+  std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, gather_off_;
+};
+
+}  // namespace lowbit::detail

@@ -1,0 +1,276 @@
+// The node-local stage of the hierarchical collectives (collective/hierarchical.hpp):
+// reduce-scatter and all-gather over `intra`, at full precision or at a codec, and the
+// per-call agreement over both communicators. The full-precision stage is the backend's
+// (plain_stage, specialised in hierarchical_mpi.hpp and hierarchical_nccl.cuh).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "lowbit/collective/all_gather.hpp"
+#include "lowbit/collective/detail/engine.hpp"
+#include "lowbit/collective/detail/frame_header.hpp"
+#include "lowbit/collective/reduce_scatter.hpp"
+#include "lowbit/collective/types.hpp"
+#include "lowbit/core/error.hpp"
+#include "lowbit/schedule/schedule.hpp"
+
+namespace lowbit {
+
+/// IntraCodec of a hierarchical collective: the node-local stages move the values
+/// themselves (no quantization). On NCCL they are NCCL's reduce-scatter and all-gather;
+/// on the MPI backend a rank-order fp32 sum of frames holding the raw values.
+struct full_precision {
+  static constexpr int bits = 32;
+  static constexpr const char* name = "full_precision";
+};
+
+namespace detail {
+
+/// The full-precision node-local stage of a backend; the specialisations live with the
+/// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh).
+template <class Backend, class T>
+class plain_stage {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no full-precision hierarchical stage for this backend: include "
+                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+};
+
+/// Runs a call of a flat collective with the backend's entry point: async on NCCL (the
+/// hierarchical call synchronises once, at its end), a completed call on MPI.
+template <class Backend, class C, class In, class Out, class Stream>
+void issue_call(C& c, In in, Out out, std::size_t count, Stream stream) {
+  if constexpr (std::is_same_v<Backend, backend::nccl>)
+    c.async(in, out, count, stream);
+  else
+    c(in, out, count, stream);
+}
+
+/// Small all-gathers over one communicator (checked mode's fingerprint exchange), within a
+/// deadline: how a hierarchical call checks its ranks' agreement.
+template <class Backend>
+class side_channel {
+  using impl = backend_impl<Backend>;
+
+ public:
+  using comm_type = typename impl::comm_type;
+  using stream_type = typename impl::stream_type;
+
+  explicit side_channel(const comm_type& comm) : be_(comm, 0, 1), size_(comm.size()) {}
+
+  /// Every rank's `bytes` at `mine`, rank by rank; valid until the next exchange.
+  const std::byte* exchange(const void* mine, std::size_t bytes, stream_type stream,
+                            std::chrono::milliseconds timeout, const char* who) {
+    be_.set_check_stream(stream);
+    call_check cc(who, frame_header{}, timeout, size_);
+    return be_.allgather_small(mine, bytes, cc);
+  }
+  impl& backend() noexcept { return be_; }
+
+ private:
+  impl be_;
+  int size_;
+};
+
+/// Stage 1 and 3 of a hierarchical collective (over `intra`) and its agreement (over both).
+template <class Backend, class T, class IntraCodec, class InterCodec, class Schedule>
+class intra_stage {
+  using impl = backend_impl<Backend>;
+  static constexpr bool plain = std::is_same_v<IntraCodec, full_precision>;
+  static constexpr bool on_nccl = std::is_same_v<Backend, backend::nccl>;
+  /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
+  /// precision, so that a rail shard is whole stage-2 blocks too.
+  static constexpr std::size_t block = [] {
+    if constexpr (plain)
+      return std::size_t(InterCodec::block_size);
+    else
+      return std::size_t(IntraCodec::block_size);
+  }();
+  struct coded {
+    ::lowbit::reduce_scatter<T, IntraCodec, feedback::none, Schedule, Backend> rs;
+    ::lowbit::all_gather<T, IntraCodec, Schedule, Backend> ag;
+  };
+  using stages = std::conditional_t<plain, plain_stage<Backend, T>, coded>;
+
+ public:
+  using comm_type = typename impl::comm_type;
+  using stream_type = typename impl::stream_type;
+
+  /// Collective over both communicators: checks that every node holds the same number of
+  /// ranks (lowbit::invalid_argument on every rank otherwise), then builds the stages.
+  intra_stage(const comm_type& intra, const comm_type& inter, std::size_t max_count,
+              const collective_options& opts, const char* who)
+      : who_(who),
+        opts_(opts),
+        G_(checked(intra, who).size()),
+        l_(intra.rank()),
+        n_(checked(inter, who).rank()),
+        intra_ch_(intra),
+        inter_ch_(inter),
+        stages_(make_stages(intra, max_count)) {
+    check_shape(intra.size(), inter.size());
+  }
+
+  int size() const noexcept { return G_; }
+  int rank() const noexcept { return l_; }
+  /// This rank's rail shard of a count-element tensor.
+  schedule::range shard(std::size_t count) const { return schedule::shard(count, block, G_, l_); }
+
+  /// Stage 2's options: the caller's, with a seed of this rail's own.
+  collective_options rail_options(const collective_options& o) const {
+    collective_options r = o;
+    r.seed = mix_seed(o.seed, 2, static_cast<std::uint64_t>(l_));
+    return r;
+  }
+
+  void set_step(std::uint32_t s) noexcept {
+    if constexpr (!plain) {
+      stages_.rs.set_step(s);
+      stages_.ag.set_step(s);
+    }
+  }
+
+  /// A call's preconditions, before anything moves (the stages check again).
+  void validate(const void* in, const void* out, std::size_t count, std::size_t max_count) const {
+    LOWBIT_EXPECTS(count <= max_count, std::string(who_) + ": count " + std::to_string(count) +
+                                           " exceeds the max_count " + std::to_string(max_count) +
+                                           " this object was built for");
+    LOWBIT_EXPECTS(count == 0 || (in != nullptr && out != nullptr),
+                   std::string(who_) + ": a buffer pointer is null");
+  }
+
+  /// Every rank's call is this one: a header over `intra`, then each rank's header and
+  /// verdict over `inter`. The second exchange carries every node's verdict to every
+  /// rail, so all ranks reach the same verdict: any disagreement raises
+  /// lowbit::agreement_error on every rank, before data moves.
+  void agree(std::uint32_t config, std::size_t count, std::uint32_t step, std::uint32_t seq,
+             int bits, stream_type stream) {
+    frame_header h;
+    h.magic = frame_magic;
+    h.config = config;
+    h.count = count;
+    h.step = step;
+    h.seq = seq;
+    h.bits = static_cast<std::uint16_t>(bits);
+    h.rank = static_cast<std::uint32_t>(l_);
+    std::string why = first_mismatch(intra_ch_.exchange(&h, sizeof h, stream, opts_.timeout, who_),
+                                     sizeof h, h, G_, l_, "node-local");
+    verdict v;
+    v.h = h;
+    v.h.rank = static_cast<std::uint32_t>(n_);
+    v.ok = why.empty() ? 1 : 0;
+    const std::byte* all = inter_ch_.exchange(&v, sizeof v, stream, opts_.timeout, who_);
+    const int N = static_cast<int>(inter_ch_size());
+    for (int q = 0; q < N && why.empty(); ++q) {
+      if (q == n_) continue;
+      verdict o;
+      std::memcpy(&o, all + static_cast<std::size_t>(q) * sizeof v, sizeof o);
+      why = mismatch(o.h, v.h, q);
+      if (!why.empty())
+        why = "on the cross-node communicator, " + why;
+      else if (!o.ok)
+        why = "node " + std::to_string(q) + " found ranks that disagree";
+    }
+    if (!why.empty())
+      throw agreement_error(__FILE__, __LINE__,
+                            std::string(who_) + ": the ranks disagree: " + why +
+                                "; no data was sent and nothing written");
+  }
+
+  /// Stage 1: out[0, shard(count).count) = this node's sum (times 1/G for avg) of shard l.
+  void reduce_scatter(const T* in, T* out, std::size_t count, stream_type stream) {
+    if constexpr (plain)
+      stages_.reduce_scatter(in, out, count, block, opts_.op, stream);
+    else
+      issue_call<Backend>(stages_.rs, in, out, count, stream);
+  }
+  /// Stage 3: every rank's shard of `in` into out[0, count).
+  void all_gather(const T* in, T* out, std::size_t count, stream_type stream) {
+    if constexpr (plain)
+      stages_.all_gather(in, out, count, block, stream);
+    else
+      issue_call<Backend>(stages_.ag, in, out, count, stream);
+  }
+
+ private:
+  struct verdict {
+    frame_header h;
+    std::uint32_t ok = 0;
+    std::uint32_t pad[7] = {};
+  };
+
+  static const comm_type& checked(const comm_type& c, const char* who) {
+    impl::check_comm(c, who);
+    return c;
+  }
+
+  std::size_t inter_ch_size() const noexcept { return inter_size_; }
+
+  static std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stage, std::uint64_t key) {
+    return seed ^ ((stage * 0x9e3779b97f4a7c15ull) + (key + 1) * 0xbf58476d1ce4e5b9ull);
+  }
+
+  stages make_stages(const comm_type& intra, std::size_t max_count) {
+    if constexpr (plain) {
+      return stages(intra, max_count, block, opts_, who_);
+    } else {
+      // Stage 1's noise is keyed by the node as well, so nodes do not share it.
+      collective_options o = opts_;
+      o.seed = mix_seed(opts_.seed, 1, static_cast<std::uint64_t>(n_));
+      return coded{{intra, max_count, o}, {intra, max_count, o}};
+    }
+  }
+
+  /// Every rank's node size over `inter` and rail size over `intra`: a rank whose rail
+  /// spans nodes of several sizes, or whose node spans rails of several sizes, sees it,
+  /// and with unequal nodes every rank is such a rank.
+  void check_shape(int intra_size, int inter_size) {
+    inter_size_ = static_cast<std::size_t>(inter_size);
+    const std::int64_t mine[2] = {intra_size, inter_size};
+    std::string why;
+    const std::byte* a = intra_ch_.exchange(mine, sizeof mine, stream_type{}, opts_.timeout, who_);
+    for (int p = 0; p < G_; ++p) {
+      std::int64_t o[2];
+      std::memcpy(o, a + static_cast<std::size_t>(p) * sizeof mine, sizeof o);
+      if (o[1] != inter_size && why.empty())
+        why = "the rails of this node hold " + std::to_string(o[1]) + " and " +
+              std::to_string(inter_size) + " ranks";
+    }
+    const std::byte* b = inter_ch_.exchange(mine, sizeof mine, stream_type{}, opts_.timeout, who_);
+    for (int q = 0; q < inter_size; ++q) {
+      std::int64_t o[2];
+      std::memcpy(o, b + static_cast<std::size_t>(q) * sizeof mine, sizeof o);
+      if (o[0] != intra_size && why.empty())
+        why = "the nodes of this rail hold " + std::to_string(o[0]) + " and " +
+              std::to_string(intra_size) + " ranks";
+    }
+    LOWBIT_EXPECTS(why.empty(), std::string(who_) +
+                                    ": every node must hold the same number of "
+                                    "ranks, and every rail one rank per node: " +
+                                    why);
+  }
+
+  static std::string first_mismatch(const std::byte* all, std::size_t bytes, const frame_header& h,
+                                    int ranks, int me, const char* where) {
+    for (int p = 0; p < ranks; ++p) {
+      if (p == me) continue;
+      const std::string why =
+          mismatch(load_header(all + static_cast<std::size_t>(p) * bytes), h, p);
+      if (!why.empty()) return std::string("on the ") + where + " communicator, " + why;
+    }
+    return {};
+  }
+
+  const char* who_;
+  collective_options opts_;
+  int G_, l_, n_;
+  std::size_t inter_size_ = 0;
+  side_channel<Backend> intra_ch_, inter_ch_;
+  stages stages_;
+};
+
+}  // namespace detail
+}  // namespace lowbit
