@@ -1,0 +1,25 @@
+"""lowbit_torch: lowbit's low-bit collectives in PyTorch training.
+
+- DDP: ``model.register_comm_hook(DDPState(bits=4), ddp_hook)``
+- FSDP2: ``module.set_custom_reduce_scatter(ReduceScatter(bits=4))``,
+  ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``
+- the codec: ``encode``, ``decode``, ``frame_bytes``
+
+Everything runs on the process group's own NCCL communicator, on torch's current stream.
+"""
+
+from .codec import decode, encode, frame_bytes
+from .comm import communicator
+from .ddp import DDPState, ddp_hook
+from .fsdp import AllGather, ReduceScatter, apply_fsdp
+
+
+def load():
+    """Builds (first time) or loads the compiled extension; returns it."""
+    from ._build import extension
+
+    return extension()
+
+
+__all__ = ["AllGather", "DDPState", "ReduceScatter", "apply_fsdp", "communicator", "ddp_hook",
+           "decode", "encode", "frame_bytes", "load"]

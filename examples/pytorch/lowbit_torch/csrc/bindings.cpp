@@ -1,0 +1,29 @@
+// The Python module: lowbit's errors as Python exceptions, then the codec functions and
+// (unless built with LOWBIT_TORCH_CODEC_ONLY, the codec alone for simulations) the
+// collectives.
+#include <torch/extension.h>
+
+#include "choices.h"
+#include "lowbit/core/error.hpp"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using namespace lowbit_torch;
+  m.doc() = "lowbit's low-bit collectives and codec for PyTorch (the compiled part)";
+
+  // lowbit's errors as the Python exceptions a caller expects.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lowbit::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const lowbit::timeout_error& e) {
+      PyErr_SetString(PyExc_TimeoutError, e.what());
+    }
+  });
+
+  bind_codec(m);
+#ifndef LOWBIT_TORCH_CODEC_ONLY
+  bind_collectives(m);
+#endif
+}

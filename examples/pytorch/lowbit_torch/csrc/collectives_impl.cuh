@@ -1,0 +1,208 @@
+// The handles' implementations over lowbit's NCCL collectives; included by the
+// per-(type, feedback) sources only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+#include "collectives.h"
+#include "lowbit/collective/nccl.cuh"
+
+namespace lowbit_torch {
+
+namespace detail {
+
+/// The feedback policy of each feedback_kind.
+template <feedback_kind K>
+struct feedback_policy;
+template <>
+struct feedback_policy<feedback_kind::none> {
+  using type = lowbit::feedback::none;
+};
+template <>
+struct feedback_policy<feedback_kind::residual_f32> {
+  using type = lowbit::feedback::residual<float>;
+};
+template <>
+struct feedback_policy<feedback_kind::residual_bf16> {
+  using type = lowbit::feedback::residual<__nv_bfloat16>;
+};
+template <>
+struct feedback_policy<feedback_kind::ef21> {
+  using type = lowbit::feedback::ef21<float>;
+};
+
+/// A copy of `count` elements of device state as a CUDA tensor (empty for none).
+template <class R>
+at::Tensor copy_state(const R* p, std::int64_t count, std::int64_t max_count) {
+  TORCH_CHECK_VALUE(count >= 0 && count <= max_count, "lowbit_torch: state count ", count,
+                    " is outside [0, ", max_count, "]");
+  if (p == nullptr) return at::Tensor();
+  at::Tensor t = at::empty({count}, at::TensorOptions(scalar_type_of<R>()).device(at::kCUDA));
+  C10_CUDA_CHECK(cudaMemcpyAsync(t.data_ptr(), p, count * sizeof(R), cudaMemcpyDeviceToDevice,
+                                 current_stream()));
+  return t;
+}
+
+/// dynamic_all_reduce seen at one width, as calibrate_crossover expects a collective.
+template <class Dynamic>
+struct at_width {
+  using value_type = typename Dynamic::value_type;
+  Dynamic& coll;
+  int bits;
+  std::size_t max_count() const { return coll.max_count(); }
+  void set_crossover_bytes(std::size_t b) { coll.set_crossover_bytes(b); }
+  void async(const value_type* in, value_type* out, std::size_t n, cudaStream_t s) {
+    coll.async(in, out, n, bits, s);
+  }
+  std::uint32_t step() const { return coll.step(); }
+  void set_step(std::uint32_t s) { coll.set_step(s); }
+  void reset_feedback() { coll.reset_feedback(); }
+};
+
+inline void check_count(std::int64_t n, std::int64_t max_count, const char* what) {
+  TORCH_CHECK_VALUE(n <= max_count, what, ": ", n, " values is over the collective's max_count ",
+                    max_count);
+}
+
+}  // namespace detail
+
+template <class T, class Feedback, class Grid, class Rounding>
+class all_reduce_impl final : public all_reduce_handle {
+  using coll_type =
+      lowbit::dynamic_all_reduce<T, absmax_family<Grid, Rounding>::template of,
+                                 lowbit::bit_widths<1, 2, 4, 8>, Feedback,
+                                 lowbit::schedule::default_schedule, lowbit::backend::nccl>;
+
+ public:
+  all_reduce_impl(const communicator& comm, std::int64_t max_count,
+                  const collective_config& config)
+      : comm_(comm.shared()), coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
+
+  void run(const at::Tensor& in, const at::Tensor& out, int bits) override {
+    constexpr const char* what = "lowbit_torch all_reduce";
+    check_cuda_tensor<T>(in, what, "input");
+    check_cuda_tensor<T>(out, what, "output");
+    TORCH_CHECK_VALUE(in.numel() == out.numel(), what, ": input has ", in.numel(),
+                      " values and output ", out.numel());
+    detail::check_count(in.numel(), max_count(), what);
+    TORCH_CHECK_VALUE(coll_type::supports(bits), what, ": bits must be 1, 2, 4 or 8, got ", bits);
+    coll_.async(data_as<const T>(in), data_as<T>(out), static_cast<std::size_t>(in.numel()), bits,
+                current_stream());
+  }
+  std::int64_t calibrate(int bits, std::int64_t max_bytes) override {
+    TORCH_CHECK_VALUE(coll_type::supports(bits), "lowbit_torch calibrate: bits must be 1, 2, 4 "
+                      "or 8, got ", bits);
+    detail::at_width<coll_type> view{coll_, bits};
+    return static_cast<std::int64_t>(lowbit::calibrate_crossover(
+        view, *comm_, current_stream(), static_cast<std::size_t>(max_bytes)));
+  }
+  std::int64_t crossover_bytes() const override {
+    return static_cast<std::int64_t>(coll_.crossover_bytes());
+  }
+  void set_crossover_bytes(std::int64_t bytes) override {
+    TORCH_CHECK_VALUE(bytes >= 0, "lowbit_torch: crossover must be >= 0 bytes, got ", bytes);
+    coll_.set_crossover_bytes(static_cast<std::size_t>(bytes));
+  }
+  std::int64_t max_count() const override { return static_cast<std::int64_t>(coll_.max_count()); }
+  std::int64_t step() const override { return coll_.step(); }
+  at::ScalarType dtype() const override { return scalar_type_of<T>(); }
+  std::string algorithm() const override { return lowbit::to_string(coll_.algorithm()); }
+  at::Tensor worker_state(std::int64_t count) const override {
+    const auto ref = const_cast<coll_type&>(coll_).feedback_state().worker_ref();
+    if constexpr (!Feedback::worker) {
+      return detail::copy_state<float>(nullptr, count, max_count());
+    } else if constexpr (Feedback::replicated) {
+      return detail::copy_state(ref.g, count, max_count());
+    } else {
+      return detail::copy_state(ref.e, count, max_count());
+    }
+  }
+  at::Tensor replicated_state(std::int64_t count) const override {
+    return detail::copy_state<float>(
+        const_cast<coll_type&>(coll_).feedback_state().replicated(), count, max_count());
+  }
+  void reset_feedback() override { coll_.reset_feedback(); }
+
+ private:
+  std::shared_ptr<lowbit::comm::nccl_comm> comm_;  // before coll_: it outlives it
+  coll_type coll_;
+};
+
+template <class T, class Feedback>
+std::unique_ptr<all_reduce_handle> make_all_reduce_as(const communicator& comm,
+                                                      std::int64_t max_count,
+                                                      const codec_choice& codec,
+                                                      const collective_config& config) {
+  return with_grid_rounding(codec, [&](auto g, auto r) -> std::unique_ptr<all_reduce_handle> {
+    return std::make_unique<
+        all_reduce_impl<T, Feedback, typename decltype(g)::type, typename decltype(r)::type>>(
+        comm, max_count, config);
+  });
+}
+
+/// reduce_scatter (Gather = false) or all_gather (true) at one codec.
+template <class T, class Codec, class Feedback, bool Gather>
+class shard_collective_impl final : public shard_collective_handle {
+  using coll_type = std::conditional_t<Gather, lowbit::all_gather<T, Codec>,
+                                       lowbit::reduce_scatter<T, Codec, Feedback>>;
+
+ public:
+  shard_collective_impl(const communicator& comm, std::int64_t max_count,
+                        const collective_config& config)
+      : comm_(comm.shared()), coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
+
+  void run(const at::Tensor& in, const at::Tensor& out) override {
+    constexpr const char* what = Gather ? "lowbit_torch all_gather" : "lowbit_torch reduce_scatter";
+    check_cuda_tensor<T>(in, what, "input");
+    check_cuda_tensor<T>(out, what, "output");
+    const at::Tensor& whole = Gather ? out : in;
+    const at::Tensor& part = Gather ? in : out;
+    const std::int64_t count = whole.numel();
+    detail::check_count(count, max_count(), what);
+    const auto [begin, end] = shard(count);
+    TORCH_CHECK_VALUE(part.numel() == end - begin, what, ": this rank's shard of ", count,
+                      " values has ", end - begin, " values, got a tensor of ", part.numel());
+    coll_.async(data_as<const T>(in), data_as<T>(out), static_cast<std::size_t>(count),
+                current_stream());
+  }
+  std::int64_t max_count() const override { return static_cast<std::int64_t>(coll_.max_count()); }
+  at::ScalarType dtype() const override { return scalar_type_of<T>(); }
+  std::pair<std::int64_t, std::int64_t> shard(std::int64_t count) const override {
+    const auto s = coll_.shard(static_cast<std::size_t>(count));
+    return {static_cast<std::int64_t>(s.begin), static_cast<std::int64_t>(s.end())};
+  }
+
+ private:
+  std::shared_ptr<lowbit::comm::nccl_comm> comm_;  // before coll_: it outlives it
+  coll_type coll_;
+};
+
+template <class T, class Feedback>
+std::unique_ptr<shard_collective_handle> make_reduce_scatter_as(const communicator& comm,
+                                                                std::int64_t max_count,
+                                                                const codec_choice& codec,
+                                                                const collective_config& config) {
+  return with_codec(codec, [&](auto c) -> std::unique_ptr<shard_collective_handle> {
+    return std::make_unique<
+        shard_collective_impl<T, typename decltype(c)::type, Feedback, false>>(comm, max_count,
+                                                                              config);
+  });
+}
+
+template <class T>
+std::unique_ptr<shard_collective_handle> make_all_gather_as(const communicator& comm,
+                                                            std::int64_t max_count,
+                                                            const codec_choice& codec,
+                                                            const collective_config& config) {
+  return with_codec(codec, [&](auto c) -> std::unique_ptr<shard_collective_handle> {
+    return std::make_unique<
+        shard_collective_impl<T, typename decltype(c)::type, lowbit::feedback::none, true>>(
+        comm, max_count, config);
+  });
+}
+
+}  // namespace lowbit_torch

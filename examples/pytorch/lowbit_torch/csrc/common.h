@@ -1,0 +1,157 @@
+// What every source of the extension shares: the codec menu compiled in, the run-time
+// dispatch from Python's choices onto lowbit's template arguments, and tensor checks
+// that raise Python exceptions (ValueError / TypeError / RuntimeError) naming the
+// argument.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "lowbit/codec/absmax.hpp"
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/comm/nccl_comm.hpp"
+#include "lowbit/feedback/state.hpp"
+
+namespace lowbit_torch {
+
+/// The absmax codecs the extension compiles: blocks of 128, either grid, either rounding.
+template <class Grid, class Rounding>
+struct absmax_family {
+  template <int Bits>
+  using of = lowbit::codec<lowbit::quant::absmax<Bits, 128, Grid>, Rounding>;
+};
+
+/// A codec chosen at run time: width, grid and rounding.
+struct codec_choice {
+  int bits = 4;
+  bool zero_grid = true;
+  bool stochastic = false;
+};
+
+/// Error feedback chosen at run time.
+enum class feedback_kind { none, residual_f32, residual_bf16, ef21 };
+
+template <class T>
+struct tag {
+  using type = T;
+};
+template <int B>
+using bits_c = std::integral_constant<int, B>;
+
+/// Calls f(bits_c<b>{}) for the run-time width b among 1, 2, 4, 8.
+template <class F>
+decltype(auto) with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 1:
+      return f(bits_c<1>{});
+    case 2:
+      return f(bits_c<2>{});
+    case 4:
+      return f(bits_c<4>{});
+    case 8:
+      return f(bits_c<8>{});
+  }
+  TORCH_CHECK_VALUE(false, "lowbit_torch: bits must be 1, 2, 4 or 8, got ", bits);
+}
+
+/// Calls f(tag<Grid>{}, tag<Rounding>{}) for the choice's grid and rounding.
+template <class F>
+decltype(auto) with_grid_rounding(const codec_choice& c, F&& f) {
+  using namespace lowbit;
+  if (c.zero_grid) {
+    if (c.stochastic) return f(tag<quant::grid::zero>{}, tag<round::stochastic>{});
+    return f(tag<quant::grid::zero>{}, tag<round::nearest>{});
+  }
+  if (c.stochastic) return f(tag<quant::grid::full>{}, tag<round::stochastic>{});
+  return f(tag<quant::grid::full>{}, tag<round::nearest>{});
+}
+
+/// Calls f(tag<Codec>{}) for the choice.
+template <class F>
+decltype(auto) with_codec(const codec_choice& c, F&& f) {
+  return with_grid_rounding(c, [&](auto g, auto r) -> decltype(auto) {
+    using family = absmax_family<typename decltype(g)::type, typename decltype(r)::type>;
+    return with_bits(c.bits, [&](auto b) -> decltype(auto) {
+      return f(tag<typename family::template of<decltype(b)::value>>{});
+    });
+  });
+}
+
+/// Calls f(tag<T>{}) for a float32, float16 or bfloat16 tensor type.
+template <class F>
+decltype(auto) with_dtype(at::ScalarType t, const char* what, F&& f) {
+  switch (t) {
+    case at::kFloat:
+      return f(tag<float>{});
+    case at::kHalf:
+      return f(tag<__half>{});
+    case at::kBFloat16:
+      return f(tag<__nv_bfloat16>{});
+    default:
+      break;
+  }
+  TORCH_CHECK_TYPE(false, what, ": lowbit supports float32, float16 and bfloat16 tensors, got ",
+                   t);
+}
+
+/// The torch dtype of T.
+template <class T>
+at::ScalarType scalar_type_of() {
+  if constexpr (std::is_same_v<T, float>) return at::kFloat;
+  if constexpr (std::is_same_v<T, __half>) return at::kHalf;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return at::kBFloat16;
+}
+
+/// A dense CUDA tensor on the current device, of dtype T.
+template <class T>
+void check_cuda_tensor(const at::Tensor& t, const char* what, const char* name) {
+  TORCH_CHECK_VALUE(t.defined(), what, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.is_cuda(), what, ": ", name, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK_VALUE(t.is_contiguous(), what, ": ", name, " must be contiguous");
+  TORCH_CHECK_TYPE(t.scalar_type() == scalar_type_of<T>(), what, ": ", name, " has dtype ",
+                   t.scalar_type(), " where ", scalar_type_of<T>(), " was expected");
+  TORCH_CHECK_VALUE(t.get_device() == c10::cuda::current_device(), what, ": ", name,
+                    " is on cuda:", t.get_device(), " but the current device is cuda:",
+                    c10::cuda::current_device());
+}
+
+/// Raw pointer to a tensor's data as T.
+template <class T>
+T* data_as(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+/// The process group's NCCL communicator, borrowed (torch owns and destroys it). Shared by
+/// every collective the extension builds on it, which keep a pointer to it.
+class communicator {
+ public:
+  explicit communicator(std::int64_t handle) {
+    TORCH_CHECK_VALUE(handle != 0,
+                      "lowbit_torch: the process group has no NCCL communicator yet (create it "
+                      "eagerly with init_process_group(..., device_id=...) or run one collective "
+                      "first)");
+    comm_ = std::make_shared<lowbit::comm::nccl_comm>(reinterpret_cast<ncclComm_t>(handle));
+  }
+  /// The wrapper, shared: a collective holds a reference to keep it alive.
+  std::shared_ptr<lowbit::comm::nccl_comm> shared() const { return comm_; }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+
+ private:
+  std::shared_ptr<lowbit::comm::nccl_comm> comm_;
+};
+
+/// torch's current stream on the current device: lowbit's work is ordered with the
+/// training step's own kernels there.
+inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+}  // namespace lowbit_torch

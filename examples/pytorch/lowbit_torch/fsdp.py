@@ -1,0 +1,163 @@
+"""FSDP2 (``fully_shard``) reduce-scatter and all-gather backed by lowbit.
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_reduce_scatter(lowbit_torch.ReduceScatter(bits=4))
+    # optional, lossy for the weights every rank computes with:
+    #       module.set_custom_all_gather(lowbit_torch.AllGather(bits=8))
+
+(or ``lowbit_torch.apply_fsdp(model, ...)``). Give each FSDP module its own object: its
+error-feedback state belongs to that module's gradients.
+
+FSDP lays a flat buffer out as P equal per-rank chunks; lowbit shards in whole codec
+blocks (128 values). When a chunk is not a whole number of blocks, the chunks are
+copied into block-padded staging buffers around the call (one extra pass over the
+data); a chunk of a multiple of 128 values goes straight through.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+try:  # torch's protocol classes, where this torch has them
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGatherBase
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatterBase
+except ImportError:  # pragma: no cover
+    _AllGatherBase = _ReduceScatterBase = object
+
+from ._build import collectives as extension
+from .comm import communicator
+
+BLOCK = 128  # the codec's block: lowbit's shards are whole blocks
+
+
+def _padded(n):
+    return (n + BLOCK - 1) // BLOCK * BLOCK
+
+
+class _Staging:
+    """Reusable block-padded buffers for chunks that are not whole blocks."""
+
+    def __init__(self):
+        self._bufs = {}
+
+    def get(self, name, numel, dtype, device):
+        b = self._bufs.get(name)
+        if b is None or b.numel() != numel or b.dtype != dtype or b.device != device:
+            b = torch.zeros(numel, dtype=dtype, device=device)
+            self._bufs[name] = b
+        return b
+
+
+class ReduceScatter(_ReduceScatterBase):
+    """lowbit's reduce_scatter for ``FSDPModule.set_custom_reduce_scatter``.
+
+    bits 1, 2, 4 or 8; grid "zero" or "full"; rounding "nearest" or "stochastic";
+    feedback "none" or "residual" (fp32 state). float32 and bfloat16 gradients
+    (FSDP's reduce_dtype). op: AVG, or SUM (FSDP's pre-divided path); other ops raise.
+    """
+
+    def __init__(self, bits=4, grid="zero", rounding="nearest", feedback="residual", seed=0):
+        self.bits, self.grid, self.rounding = bits, grid, rounding
+        self.feedback, self.seed = feedback, seed
+        self._handles = {}  # (count, dtype, average) -> ShardCollective
+        self._staging = _Staging()
+        self.calls = 0
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        average = _average(op)
+        world = group.size()
+        count = input_tensor.numel()
+        if count % world != 0 or output_tensor.numel() != count // world:
+            raise ValueError(f"lowbit_torch.ReduceScatter: input of {count} values and output of "
+                             f"{output_tensor.numel()} do not form {world} equal chunks")
+        chunk = count // world
+        padded = _padded(chunk)
+        key = (padded * world, input_tensor.dtype, average)
+        h = self._handles.get(key)
+        if h is None:
+            h = extension().ShardCollective.reduce_scatter(
+                communicator(group), input_tensor.dtype, padded * world, self.bits, self.grid,
+                self.rounding, self.feedback, average, self.seed)
+            self._handles[key] = h
+        self.calls += 1
+        if padded == chunk:
+            h.run(input_tensor, output_tensor)
+            return None
+        dev, dt = input_tensor.device, input_tensor.dtype
+        src = self._staging.get("in", padded * world, dt, dev)
+        src.view(world, padded)[:, :chunk].copy_(input_tensor.view(world, chunk))
+        dst = self._staging.get("out", padded, dt, dev)
+        h.run(src, dst)
+        output_tensor.copy_(dst[:chunk])
+        return None
+
+
+class AllGather(_AllGatherBase):
+    """lowbit's all_gather for ``FSDPModule.set_custom_all_gather``: each rank's shard is
+    encoded once and every rank decodes every shard (its own too), so all ranks hold the
+    same unsharded weights. Lossy: the forward and backward passes see quantized weights
+    (8 bits by default). float32 and bfloat16 parameters."""
+
+    def __init__(self, bits=8, grid="full", rounding="nearest", seed=0):
+        self.bits, self.grid, self.rounding, self.seed = bits, grid, rounding, seed
+        self._handles = {}
+        self._staging = _Staging()
+        self.calls = 0
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        world = group.size()
+        chunk = input_tensor.numel()
+        if output_tensor.numel() != chunk * world:
+            raise ValueError(f"lowbit_torch.AllGather: output has {output_tensor.numel()} values, "
+                             f"expected {world} x {chunk}")
+        padded = _padded(chunk)
+        key = (padded * world, input_tensor.dtype)
+        h = self._handles.get(key)
+        if h is None:
+            h = extension().ShardCollective.all_gather(
+                communicator(group), input_tensor.dtype, padded * world, self.bits, self.grid,
+                self.rounding, self.seed)
+            self._handles[key] = h
+        self.calls += 1
+        if padded == chunk:
+            h.run(input_tensor, output_tensor)
+            return None
+        dev, dt = input_tensor.device, input_tensor.dtype
+        src = self._staging.get("in", padded, dt, dev)
+        src[:chunk].copy_(input_tensor)
+        dst = self._staging.get("out", padded * world, dt, dev)
+        h.run(src, dst)
+        output_tensor.view(world, chunk).copy_(dst.view(world, padded)[:, :chunk])
+        return None
+
+
+def _average(op):
+    if op == dist.ReduceOp.AVG:
+        return True
+    if op == dist.ReduceOp.SUM:
+        return False
+    raise ValueError(f"lowbit_torch.ReduceScatter: reduce op {op} is not supported (AVG or SUM; "
+                     "FSDP uses a pre-multiplied sum when gradient_divide_factor is set: leave "
+                     "it unset)")
+
+
+def apply_fsdp(model, reduce_scatter=None, all_gather=None):
+    """Gives every FSDP module of ``model`` its own lowbit collectives: ``reduce_scatter``
+    and ``all_gather`` are dicts of keyword arguments for ReduceScatter / AllGather
+    (None leaves FSDP's own). Returns the number of modules set."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            if reduce_scatter is not None:
+                m.set_custom_reduce_scatter(ReduceScatter(**reduce_scatter))
+            if all_gather is not None:
+                m.set_custom_all_gather(AllGather(**all_gather))
+            n += 1
+    return n

@@ -1,0 +1,42 @@
+"""Shared fixtures: the extension (built once per session) and a one-rank NCCL process
+group on cuda:0, the way to test the torch path on a single GPU."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import lowbit_torch
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ext():
+    return lowbit_torch.load()
+
+
+@pytest.fixture(scope="session")
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="session")
+def one_rank_group(cuda, ext):
+    """A 1-rank NCCL process group with its communicator created eagerly."""
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=cuda)
+    yield dist.group.WORLD
+    # The process group is left to torch's exit handling: destroying it while lowbit
+    # objects that borrow its communicator are alive would leave them dangling.

@@ -1,0 +1,141 @@
+"""The torch path on one GPU (a 1-rank NCCL process group): lowbit's 1-rank collectives
+are exact copies, so DDP with the hook and FSDP2 with the custom collectives must train
+bit-identically to torch's own path; bad input raises."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import lowbit_torch
+
+FEEDBACK = ["none", "residual", "residual_bf16", "ef21"]
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(96, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                         nn.Linear(256, 10))
+
+
+def _batches(device, n=4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(32, 96, generator=g).to(device),
+             torch.randint(0, 10, (32,), generator=g).to(device)) for _ in range(n)]
+
+
+def _train(model, batches):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("feedback", FEEDBACK)
+def test_all_reduce_on_one_rank_is_a_copy(ext, one_rank_group, dtype, feedback):
+    comm = lowbit_torch.communicator()
+    assert (comm.rank, comm.size) == (0, 1)
+    h = ext.AllReduce(comm, dtype, 5000, "zero", "nearest", feedback, True, 0, 0, "automatic")
+    x = torch.randn(5000, device="cuda").to(dtype)
+    out = torch.empty_like(x)
+    for bits in (1, 2, 4, 8):
+        h.run(x, out, bits)
+        assert torch.equal(out, x)
+    y = x.clone()
+    h.run(y, y, 4)  # in place
+    assert torch.equal(y, x)
+
+
+def test_ddp_hook_trains_exactly_as_ddp_on_one_rank(ext, one_rank_group):
+    batches = _batches("cuda")
+    reference = _train(_model().cuda(), batches)
+    ddp = nn.parallel.DistributedDataParallel(_model().cuda(), bucket_cap_mb=0.25)
+    state = lowbit_torch.DDPState(bits=4, feedback="residual")
+    buckets = []
+
+    def hook(s, bucket):
+        buckets.append(bucket.index())
+        return lowbit_torch.ddp_hook(s, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    hooked = _train(ddp, batches)
+    for a, b in zip(reference, hooked):
+        assert torch.equal(a, b)
+    stats = state.stats()
+    # DDP rebuilds its buckets after the first step (one 1 MiB first bucket, then
+    # 0.25 MiB ones): bucket 0 changes size, and later steps have several buckets.
+    assert max(buckets) >= 1
+    assert stats["lowbit_calls"] == len(buckets)
+    assert stats.get("nccl_calls", 0) == 0
+    assert stats["rebuilds"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("count", [1024, 1000])  # whole blocks, and the padded path
+def test_fsdp_collectives_follow_torchs_contract(ext, one_rank_group, dtype, count):
+    # FSDP2 itself skips its collectives on one rank; the classes are called directly.
+    group = dist.group.WORLD
+    rs = lowbit_torch.ReduceScatter(bits=4, feedback="residual")
+    x = rs.allocate((count,), dtype=dtype, device=torch.device("cuda"))
+    x.copy_(torch.randn(count, device="cuda"))
+    out = rs.allocate((count,), dtype=dtype, device=torch.device("cuda"))
+    for op in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+        out.zero_()
+        assert rs(out, x, group, op) is None
+        assert torch.equal(out, x)
+    with pytest.raises(ValueError, match="not supported"):
+        rs(out, x, group, dist.ReduceOp.MAX)
+    ag = lowbit_torch.AllGather(bits=8)
+    gathered = torch.zeros_like(x)
+    assert ag(gathered, x, group) is None
+    assert torch.equal(gathered, x)
+    with pytest.raises(ValueError, match="expected 1 x"):
+        ag(gathered[:-1], x, group)
+    assert rs.calls == 2 and ag.calls == 1
+
+
+def test_apply_fsdp_sets_every_module(ext, one_rank_group):
+    from torch.distributed.fsdp import fully_shard
+
+    batches = _batches("cuda")
+    reference = _train(_model().cuda(), batches)
+    model = _model().cuda()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    assert lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4},
+                                   all_gather={"bits": 8}) == 4
+    trained = _train(model, batches)
+    for a, b in zip(reference, trained):
+        assert torch.equal(a, b.full_tensor())
+
+
+def test_errors_are_clear(ext, one_rank_group):
+    comm = lowbit_torch.communicator()
+    h = ext.AllReduce(comm, torch.float32, 1000, "zero", "nearest", "none", True, 0, 0,
+                      "automatic")
+    x = torch.randn(1000, device="cuda")
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        h.run(x.cpu(), x.cpu(), 4)
+    with pytest.raises(TypeError, match="dtype"):
+        h.run(x.half(), x.half(), 4)
+    with pytest.raises(ValueError, match="max_count"):
+        big = torch.randn(2000, device="cuda")
+        h.run(big, big, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        m = torch.randn(50, 40, device="cuda").t()
+        h.run(m, m, 4)
+    with pytest.raises(ValueError, match="bits"):
+        h.run(x, x, 3)
+    with pytest.raises(ValueError, match="feedback"):
+        lowbit_torch.DDPState(feedback="momentum")
+    with pytest.raises(TypeError, match="float32 and bfloat16"):
+        ext.ShardCollective.reduce_scatter(comm, torch.float16, 1024, 4, "zero", "nearest",
+                                           "none", True, 0)
+    gloo = dist.new_group(backend="gloo")
+    with pytest.raises(ValueError, match="gloo"):
+        lowbit_torch.communicator(gloo)
