@@ -178,8 +178,12 @@ class hierarchical_base {
 /// collective_options::timeout, as in the stages. Any count, including counts that leave
 /// some shards empty. Stochastic rounding of stage 2 is keyed by (seed, step, node,
 /// index in the shard) with a seed drawn from options.seed and the rail, so rails do not
-/// share noise. Stages run one after the other on the caller's stream (NCCL) or
-/// thread (MPI); the chunks of Schedule pipeline within each stage. Move-only.
+/// share noise. A call of several chunks (Schedule's chunks of stage 2) pipelines the
+/// stages: chunk k's stage 2, on a stream of this object forked from the caller's, overlaps
+/// stage 1 of chunk k+1 and stage 3 of chunk k-1, on the caller's stream, linked by
+/// events only (graph-capturable), computing the bits of a one-pass call
+/// (docs/multi-node.md, "Pipelining"); the MPI backend runs the same chunks in turn.
+/// Move-only.
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
