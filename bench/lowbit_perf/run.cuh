@@ -291,7 +291,8 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
-    std::printf(G > 0 ? " | %10s %8s %7s %7s\n" : "\n", "hier(us)", "busbw", "#wrong", "speedup");
+    if (G > 0) std::printf(" | %10s %8s %7s %7s", "hier(us)", "busbw", "#wrong", "speedup");
+    std::printf("\n");
   }
   const double bus = Kind == coll_kind::all_reduce ? 2.0 * (P - 1) / P : double(P - 1) / P;
 
