@@ -50,6 +50,8 @@ namespace {
       "  --crossover <size|auto> plain NCCL below this size; auto = calibrate_crossover [0]\n"
       "  --algo <a>              all_reduce: automatic | two_phase | one_shot [automatic]\n"
       "  --breakdown             all_reduce: time each pass alone at the largest size\n"
+      "  --ranks-per-node <G>    all_reduce: also time the hierarchical all_reduce over\n"
+      "                          nodes of G consecutive ranks (hier columns) [0: off]\n"
       "  --transport <t>         automatic | nccl | nccl_symmetric | peer_stores |\n"
       "                          copy_engines [automatic]\n"
       "  --copy-engine-min-bytes <size>  automatic: copy engines for pipelined all-gathers\n"
@@ -109,6 +111,8 @@ options parse(int argc, char** argv) {
       o.crossover = next();
     else if (a == "--algo")
       o.algorithm = next();
+    else if (a == "--ranks-per-node")
+      o.ranks_per_node = std::atoi(next());
     else if (a == "--breakdown")
       o.breakdown = true;
     else if (a == "--transport")

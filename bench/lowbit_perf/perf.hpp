@@ -26,6 +26,9 @@ struct options {
   std::string algorithm = "automatic";  ///< all_reduce: automatic, two_phase or one_shot
   int bits = 4;
   bool breakdown = false;  ///< all_reduce: time each pass alone at the largest size
+  /// all_reduce: > 0 also times lowbit::hierarchical_all_reduce over nodes of this many
+  /// consecutive ranks (same codec, feedback and schedule) beside the flat path and NCCL.
+  int ranks_per_node = 0;
   lowbit::frame_transport transport = lowbit::frame_transport::automatic;
   /// collective_options::transport_policy (--copy-engine-min-bytes, --peer-store-ctas).
   lowbit::transport::policy policy = lowbit::transport::default_policy();

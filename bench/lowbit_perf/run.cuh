@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <lowbit/collective/nccl.cuh>
 #include <lowbit/comm/mpi_bootstrap.hpp>
+#include <lowbit/comm/nccl_nodes.hpp>
 #include <lowbit/lowbit.cuh>
 
 #include "perf.hpp"
@@ -239,6 +241,20 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   copts.transport = o.transport;
   copts.transport_policy = o.policy;
   Collective coll(comm, max_count, copts);
+  // The hierarchical all_reduce over nodes of G consecutive ranks, when asked: stage 2 at
+  // the same codec, feedback and schedule as `coll`.
+  using hier_type =
+      lowbit::hierarchical_all_reduce<T, codec, typename Collective::feedback_type,
+                                      lowbit::full_precision, typename Collective::schedule_type>;
+  const int G = Kind == coll_kind::all_reduce ? o.ranks_per_node : 0;
+  LOWBIT_EXPECTS(G == 0 || (G >= 1 && P % G == 0),
+                 "lowbit-perf: --ranks-per-node must divide the number of ranks");
+  lowbit::comm::node_comms<lowbit::comm::nccl_comm> nodes;
+  std::unique_ptr<hier_type> hier;
+  if (G > 0) {
+    nodes = lowbit::comm::split_by_node(comm, rank / G);
+    hier = std::make_unique<hier_type>(nodes.intra, nodes.inter, max_count, copts);
+  }
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (o.crossover == "auto") {
@@ -267,9 +283,16 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
         o.schedule.c_str(), P, coll.crossover_bytes(), o.crossover == "auto" ? " (calibrated)" : "",
         algorithm_name(coll), lowbit::to_string(coll.transport()));
     std::printf("# %s\n", lowbit::transport::to_string(o.policy).c_str());
-    std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s\n", "size",
+    if (G > 0)
+      std::printf(
+          "# hier: %d nodes x %d ranks; hier columns: its time, busbw (of the whole "
+          "job), #wrong and speedup over NCCL's flat all-reduce\n",
+          P / G, G);
+    std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
+    if (G > 0) std::printf(" | %10s %8s %7s %7s", "hier(us)", "busbw", "#wrong", "speedup");
+    std::printf("\n");
   }
   const double bus = Kind == coll_kind::all_reduce ? 2.0 * (P - 1) / P : double(P - 1) / P;
 
@@ -305,6 +328,9 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     };
     const double t_low = time_median_us(lowbit_call, stream, o.warmup, o.iters);
     const double t_nccl = time_median_us(nccl_call, stream, o.warmup, o.iters);
+    const auto hier_call = [&](cudaStream_t s) { hier->async(in, out, count, s); };
+    const double t_hier = hier ? time_median_us(hier_call, stream, o.warmup, o.iters) : 0;
+    long hier_wrong = 0;
 
     row r{bytes, count, t_low, t_nccl, 0, 0, 0};
     // Wire bytes per rank: lowbit frames vs NCCL's elements (same algorithmic factor).
@@ -333,22 +359,32 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
         }
         LOWBIT_NCCL_TRY(ncclGroupEnd());
       }
-      const T* same_ptr = nullptr;
-      if constexpr (Kind != coll_kind::reduce_scatter) {
-        LOWBIT_NCCL_TRY(
-            ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
-        same_ptr = same;
-      }
-      LOWBIT_CUDA_TRY(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream));
-      compare_kernel<<<grid_blocks, block_threads, 0, stream>>>(out, ref + ref_offset, same_ptr,
-                                                                check_n, acc);
-      LOWBIT_CHECK_LAUNCH();
-      comm.sync(stream);
+      // out against ref: {squared error, squared norm, #bad, #differing from rank 0}.
+      const auto compare = [&](double* h) {
+        const T* same_ptr = nullptr;
+        if constexpr (Kind != coll_kind::reduce_scatter) {
+          LOWBIT_NCCL_TRY(
+              ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
+          same_ptr = same;
+        }
+        LOWBIT_CUDA_TRY(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream));
+        compare_kernel<<<grid_blocks, block_threads, 0, stream>>>(out, ref + ref_offset, same_ptr,
+                                                                  check_n, acc);
+        LOWBIT_CHECK_LAUNCH();
+        comm.sync(stream);
+        LOWBIT_CUDA_TRY(cudaMemcpy(h, acc, 4 * sizeof(double), cudaMemcpyDeviceToHost));
+        MPI_Allreduce(MPI_IN_PLACE, h, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      };
       double h[4];
-      LOWBIT_CUDA_TRY(cudaMemcpy(h, acc, sizeof h, cudaMemcpyDeviceToHost));
-      MPI_Allreduce(MPI_IN_PLACE, h, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      compare(h);
       r.rel_err = h[1] > 0 ? std::sqrt(h[0] / h[1]) : 0;
       r.wrong = long(h[2] + h[3]);
+      if (hier) {
+        hier->set_step(0);
+        hier_call(stream);
+        compare(h);
+        hier_wrong = long(h[2] + h[3]);
+      }
     }
     if constexpr (Kind == coll_kind::all_reduce) {
       if (o.breakdown && b * o.factor > double(o.max_bytes) * 1.0000001)  // the largest size
@@ -358,9 +394,13 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       const double alg_l = bytes / t_low / 1e3, alg_n = bytes / t_nccl / 1e3;
       std::printf(
           " %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld | %10.1f %8.2f %8.2f | %6.2fx %5.2fx "
-          "%9.2e\n",
+          "%9.2e",
           bytes, count, o.dtype.c_str(), o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong, t_nccl,
           alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
+      if (hier)
+        std::printf(" | %10.1f %8.2f %7ld %6.2fx", t_hier, bytes / t_hier / 1e3 * bus, hier_wrong,
+                    t_nccl / t_hier);
+      std::printf("\n");
       std::fflush(stdout);
       if (csv)
         std::fprintf(csv,

@@ -129,12 +129,18 @@ std::vector<float> simulate(const std::vector<std::vector<float>>& xs, int N, in
   return out;
 }
 
-/// Runs `steps` calls of one hierarchical all_reduce on shape N x G and checks each.
-template <class Codec, class Feedback>
+/// Chunks small enough that a few thousand values make several: the pipelined path.
+using chunked = schedule::pipelined<4, 1>;
+using ramped = schedule::ramped<4, 1>;
+
+/// Runs `steps` calls of one hierarchical all_reduce on shape N x G and checks each. The
+/// simulation does not cut chunks: stage 2's chunks encode the same blocks with the same
+/// keys and feedback slots, so a chunked call computes the same bits.
+template <class Codec, class Feedback, class Schedule = schedule::flat>
 void check_shape(int N, int G, bool interleaved, std::size_t count, reduce_op op, int steps,
                  std::uint64_t salt) {
   INFO(N << " nodes x " << G << (interleaved ? " (interleaved)" : " (contiguous)") << ", count "
-         << count << ", " << Codec::bits << " bits, " << Feedback::name);
+         << count << ", " << Codec::bits << " bits, " << Feedback::name << ", " << Schedule::name);
   const int me = world_rank(), P = world_size();
   const auto nc = comm::split_by_node(world(), node_of(me, N, G, interleaved) * 7 + 3);
   REQUIRE(nc.nodes == N);
@@ -143,7 +149,7 @@ void check_shape(int N, int G, bool interleaved, std::size_t count, reduce_op op
   collective_options o;
   o.op = op;
   o.seed = shared_seed() + salt;
-  mpi::hierarchical_all_reduce<float, Codec, Feedback, full_precision, schedule::flat> reduce(
+  mpi::hierarchical_all_reduce<float, Codec, Feedback, full_precision, Schedule> reduce(
       nc.intra, nc.inter, 20000, o);
   constexpr bool ef = !std::is_same_v<Feedback, feedback::none>;
   std::vector<std::vector<sim_rank>> rails(static_cast<std::size_t>(G));
@@ -195,6 +201,19 @@ TEST_CASE("hierarchical_all_reduce: error feedback over several steps") {
   std::uint64_t salt = 1000;
   for (const auto& [N, G] : shapes())
     check_shape<C2s, Res>(N, G, true, 10007, reduce_op::sum, 3, salt++);
+}
+
+TEST_CASE(
+    "hierarchical_all_reduce: chunked stages (pipelined and ramped) compute the host "
+    "simulation's bits") {
+  std::uint64_t salt = 2000;
+  for (const auto& [N, G] : shapes())
+    for (const std::size_t count : {std::size_t(200), std::size_t(4099), std::size_t(10007)}) {
+      check_shape<C4n, feedback::none, chunked>(N, G, false, count, reduce_op::sum, 1, salt++);
+      check_shape<C2s, feedback::none, ramped>(N, G, true, count, reduce_op::avg, 1, salt++);
+    }
+  for (const auto& [N, G] : shapes())
+    check_shape<C2s, Res, chunked>(N, G, true, 10007, reduce_op::sum, 3, salt++);
 }
 
 TEST_CASE(
@@ -258,6 +277,30 @@ TEST_CASE("hierarchical_reduce_scatter: this rank's part of the hierarchical all
                 std::vector<double>(bound.begin() + mine.begin, bound.begin() + mine.end())) <=
             1.0);
     }
+  }
+}
+
+TEST_CASE("hierarchical_reduce_scatter: chunked stages give the one-pass call's bits") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
+    collective_options o;
+    o.seed = shared_seed() + 9;
+    mpi::hierarchical_reduce_scatter<float, C2s, Res, full_precision, schedule::flat> flat(
+        nc.intra, nc.inter, 12000, o);
+    mpi::hierarchical_reduce_scatter<float, C2s, Res, full_precision, chunked> piped(
+        nc.intra, nc.inter, 12000, o);
+    for (int s = 0; s < 2; ++s)
+      for (const std::size_t count : {std::size_t(300), std::size_t(11111)}) {
+        INFO(N << " x " << G << ", count " << count << ", step " << s);
+        const auto x = make_input(input_kind::normal, count, me, 131 + s);
+        REQUIRE(flat.shard(count).begin == piped.shard(count).begin);
+        const std::size_t n = flat.shard(count).count;
+        std::vector<float> a(n + 1), b(n + 1);
+        flat(x.data(), a.data(), count);
+        piped(x.data(), b.data(), count);
+        CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+      }
   }
 }
 

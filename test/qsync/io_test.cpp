@@ -168,6 +168,29 @@ TEST_CASE("cluster JSON: built-ins, overrides, a trace and a measured table") {
                       Contains("unknown precision 'fp5'"));
 }
 
+TEST_CASE("cluster JSON: nodes of ranks_per_node ranks with an inter_link between them") {
+  const training_model m = tiny_model();
+  const cluster c = cluster_from_json(json::parse(R"({"link": "nvlink4", "ranks_per_node": 2,
+      "inter_link": {"base": "ib-ndr", "bandwidth_gbs": 25},
+      "groups": [{"device": "H200", "count": 4}]})"),
+                                      m.graph);
+  REQUIRE(c.ranks_per_node == 2);
+  REQUIRE(c.hierarchical());
+  REQUIRE(c.inter_link.bandwidth_gbs == 25);
+  REQUIRE(c.inter_link.latency_ms == builtin_link("ib-ndr").latency_ms);
+  const cluster flat = cluster_from_json(
+      json::parse(R"({"link": "nvlink4", "groups": [{"device": "H200", "count": 4}]})"), m.graph);
+  REQUIRE(!flat.hierarchical());
+  REQUIRE_THROWS_WITH(cluster_from_json(json::parse(R"({"link": "nvlink4", "ranks_per_node": 2,
+      "groups": [{"device": "H200", "count": 4}]})"),
+                                        m.graph),
+                      Contains("needs an \"inter_link\""));
+  REQUIRE_THROWS_WITH(cluster_from_json(json::parse(R"({"link": "nvlink4", "ranks_per_node": 3,
+      "inter_link": "ib-ndr", "groups": [{"device": "H200", "count": 4}]})"),
+                                        m.graph),
+                      Contains("do not make whole nodes"));
+}
+
 TEST_CASE("plan JSON carries every op's precision and every bucket's bits") {
   const training_model m = tiny_model();
   const cluster c =

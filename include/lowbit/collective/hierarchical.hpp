@@ -14,6 +14,7 @@
 // the same shards, so all P = N*G ranks end with bitwise-identical outputs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,6 +36,7 @@ namespace detail {
 /// collective of stage 2 (all_reduce or reduce_scatter).
 template <class T, class InterCodec, class IntraCodec, class Schedule, class Backend, class Inter>
 class hierarchical_base {
+ protected:
   using impl = backend_impl<Backend>;
   using intra_type = intra_stage<Backend, T, IntraCodec, InterCodec, Schedule>;
 
@@ -81,7 +83,56 @@ class hierarchical_base {
         intra_(intra, inter, max_count, opts, who),
         inter_(inter, intra_.shard(max_count).count, intra_.rail_options(opts)),
         shard_(intra_.shard(max_count).count),
+        links_(Schedule::max_chunks),
         step_(opts.first_step) {}
+
+  /// Stage 2's engine (engine.hpp), which the pipelined path drives with links_.
+  auto& rail_engine() noexcept { return engine_access::of(inter_); }
+  const auto& rail_engine() const noexcept { return engine_access::of(inter_); }
+
+  /// The chunks stage 2 cuts rank p's rail shard into (the same on every rank).
+  int rail_chunks(std::size_t count, int p) const {
+    return rail_engine().template chunks<InterCodec>(intra_.shard_of(count, p).count);
+  }
+  /// The chunks of a call: the most any rank's stage 2 runs; 1 (the stages one after the
+  /// other) with a coded node-local stage, or when no rank's stage 2 is cut.
+  int chunks(std::size_t count) const {
+    if constexpr (!intra_type::chunked) {
+      return 1;
+    } else {
+      int K = 1;
+      for (int p = 0; p < intra_.size(); ++p) K = std::max(K, rail_chunks(count, p));
+      return K;
+    }
+  }
+
+  /// Chunk k's pieces of every rank's rail shard: ranges(p, f) calls f with each range of
+  /// p's shard (from its start) that p's stage 2 reads in chunk k, as the engine cuts it.
+  struct chunk_ranges {
+    const hierarchical_base* h;
+    std::size_t count;
+    int k;
+    template <class F>
+    void operator()(int p, F&& f) const {
+      const std::size_t n = h->intra_.shard_of(count, p).count;
+      const int K = h->rail_engine().template chunks<InterCodec>(n);
+      if (k < K) h->rail_engine().template chunk_ranges<InterCodec>(n, K, k, f);
+    }
+  };
+
+  /// Stage 1 of every chunk (caller's stream), then `rail(stage-2 stream)`, which issues
+  /// stage 2 with links_ as its Links; the stage-2 stream is joined by the caller's at
+  /// the end. Chunk k's stage 2 starts when its stage 1 is done, while stage 1 of chunk
+  /// k+1 runs. Every input read (stage 1) is issued before any output write.
+  template <class Rail>
+  void pipeline_front(const T* in, std::size_t count, int K, stream_type stream, Rail&& rail) {
+    const stream_type s2 = links_.begin(stream, true);
+    for (int k = 0; k < K; ++k) {
+      intra_.reduce_scatter(in, shard_.data(), count, chunk_ranges{this, count, k}, stream);
+      links_.staged(k);
+    }
+    rail(s2);
+  }
 
   /// Starts a call: checks that every rank's call is this one, over both communicators,
   /// before a byte of data moves (always on MPI, in checked mode on NCCL), and sets every
@@ -104,6 +155,7 @@ class hierarchical_base {
   intra_type intra_;
   Inter inter_;
   typename impl::template buffer<T> shard_;  ///< this rank's rail shard between the stages
+  stage_links<Backend> links_;               ///< how the pipelined stages wait for each other
   std::uint32_t step_;
 };
 
@@ -126,8 +178,12 @@ class hierarchical_base {
 /// collective_options::timeout, as in the stages. Any count, including counts that leave
 /// some shards empty. Stochastic rounding of stage 2 is keyed by (seed, step, node,
 /// index in the shard) with a seed drawn from options.seed and the rail, so rails do not
-/// share noise. Stages run one after the other on the caller's stream (NCCL) or
-/// thread (MPI); the chunks of Schedule pipeline within each stage. Move-only.
+/// share noise. A call of several chunks (Schedule's chunks of stage 2) pipelines the
+/// stages: chunk k's stage 2, on a stream of this object forked from the caller's, overlaps
+/// stage 1 of chunk k+1 and stage 3 of chunk k-1, on the caller's stream, linked by
+/// events only (graph-capturable), computing the bits of a one-pass call
+/// (docs/multi-node.md, "Pipelining"); the MPI backend runs the same chunks in turn.
+/// Move-only.
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl>
@@ -172,11 +228,30 @@ class hierarchical_all_reduce
     this->intra_.validate(in, out, count, this->max_count_);
     if (count == 0) return;
     this->begin_call(count, stream);
+    if (this->ranks_per_node() == 1)  // stage 1 and 3 are copies: stage 2 alone
+      return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
     const schedule::range mine = this->intra_.shard(count);
-    this->intra_.reduce_scatter(in, this->shard_.data(), count, stream);
-    detail::issue_call<Backend>(this->inter_, this->shard_.data(), this->shard_.data(), mine.count,
+    T* shard = this->shard_.data();
+    const int K = this->chunks(count);
+    if (K == 1) {
+      this->intra_.reduce_scatter(in, shard, count, stream);
+      detail::issue_call<Backend>(this->inter_, shard, shard, mine.count, stream);
+      this->intra_.all_gather(shard, out, count, stream);
+      return;
+    }
+    if constexpr (base::intra_type::chunked) {
+      this->pipeline_front(in, count, K, stream, [&](stream_type s2) {
+        this->rail_engine().template all_reduce<InterCodec>(shard, shard, mine.count, s2,
+                                                            "lowbit::all_reduce", this->links_);
+      });
+      const int mine_chunks = this->rail_chunks(count, this->local_rank());
+      for (int k = 0; k < K; ++k) {  // stage 3 of chunk k once its stage 2 is done
+        if (k < mine_chunks) this->links_.before_gather(k);
+        this->intra_.all_gather(shard, out, count, typename base::chunk_ranges{this, count, k},
                                 stream);
-    this->intra_.all_gather(this->shard_.data(), out, count, stream);
+      }
+      this->links_.end();
+    }
   }
 };
 
@@ -232,9 +307,23 @@ class hierarchical_reduce_scatter
     this->intra_.validate(in, shard(count).count > 0 ? out : in, count, this->max_count_);
     if (count == 0) return;
     this->begin_call(count, stream);
+    if (this->ranks_per_node() == 1)  // stage 1 is a copy: stage 2 alone
+      return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
     const schedule::range rail = this->rail_shard(count);
-    this->intra_.reduce_scatter(in, this->shard_.data(), count, stream);
-    detail::issue_call<Backend>(this->inter_, this->shard_.data(), out, rail.count, stream);
+    T* shard = this->shard_.data();
+    const int K = this->chunks(count);
+    if (K == 1) {
+      this->intra_.reduce_scatter(in, shard, count, stream);
+      detail::issue_call<Backend>(this->inter_, shard, out, rail.count, stream);
+      return;
+    }
+    if constexpr (base::intra_type::chunked) {
+      this->pipeline_front(in, count, K, stream, [&](stream_type s2) {
+        this->rail_engine().template reduce_scatter<InterCodec>(
+            shard, out, rail.count, s2, "lowbit::reduce_scatter", this->links_);
+      });
+      this->links_.end();
+    }
   }
 };
 

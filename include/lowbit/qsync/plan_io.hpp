@@ -140,9 +140,13 @@ inline link_profile link_from_json(const nlohmann::json& j) {
 }
 
 /// A cluster from JSON:
-/// `{"name", "link": <link>, "groups": [{"device": <device>, "count",
+/// `{"name", "link": <link>, "ranks_per_node", "inter_link": <link>,
+///   "groups": [{"device": <device>, "count",
 ///   "trace": "file.json", "trace_precision": "fp32",
 ///   "measured": {"op": {"fp16": {"forward_ms", "backward_ms"}}}}]}`.
+/// With `ranks_per_node` > 1 the cluster is nodes of that many ranks, `link` inside a
+/// node and `inter_link` (required then) between them, so that buckets are planned as
+/// hierarchical all-reduces (docs/multi-node.md); every node must be whole.
 /// Trace paths are relative to `base_dir`; traces and tables need the model's graph.
 inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
                                  const std::string& base_dir = ".") {
@@ -151,6 +155,14 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
   c.name = j.value("name", std::string("cluster"));
   LOWBIT_EXPECTS(j.contains("link"), "cluster JSON: no \"link\"");
   detail::at_place("cluster JSON link", [&] { c.link = link_from_json(j["link"]); });
+  c.ranks_per_node = j.value("ranks_per_node", 0);
+  LOWBIT_EXPECTS(c.ranks_per_node >= 0, "cluster JSON: ranks_per_node must be >= 0");
+  if (c.ranks_per_node > 1) {
+    LOWBIT_EXPECTS(j.contains("inter_link"),
+                   "cluster JSON: ranks_per_node > 1 needs an \"inter_link\" between nodes");
+    detail::at_place("cluster JSON inter_link",
+                     [&] { c.inter_link = link_from_json(j["inter_link"]); });
+  }
   LOWBIT_EXPECTS(j.contains("groups") && j["groups"].is_array() && !j["groups"].empty(),
                  "cluster JSON: no \"groups\" array");
   for (std::size_t n = 0; n < j["groups"].size(); ++n) {
@@ -180,6 +192,10 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
       c.groups.push_back(std::move(g));
     });
   }
+  LOWBIT_EXPECTS(c.ranks_per_node <= 1 || c.world_size() % c.ranks_per_node == 0,
+                 "cluster JSON: " + std::to_string(c.world_size()) +
+                     " ranks do not make whole nodes of ranks_per_node " +
+                     std::to_string(c.ranks_per_node));
   return c;
 }
 

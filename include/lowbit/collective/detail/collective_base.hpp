@@ -16,8 +16,19 @@
 
 namespace lowbit::detail {
 
+/// Reaches a flat collective's engine: the hierarchical collectives drive their stage-2
+/// collective chunk by chunk (engine::chunks, chunk_ranges, and the Links of a call).
+struct engine_access {
+  template <class C>
+  static auto& of(C& c) noexcept {
+    return c.engine_;
+  }
+};
+
 template <class Backend, class T, class Feedback, class Schedule, class... Codecs>
 class collective_base {
+  friend struct engine_access;
+
   static_assert(check_collective_params<T, Feedback, Schedule, Backend>());
   static_assert((check_codec<Codecs>() && ...));
 

@@ -21,6 +21,12 @@
 // linked by one event per chunk and phase, so chunk k+1's encoding overlaps chunk k's
 // transfer. Every read of the input happens in phase 1, before any write of the output
 // (phase 3 or 5) on the same lane: in-place and overlapping calls are safe.
+//
+// A caller that produces the input and consumes the output chunk by chunk (the
+// hierarchical collectives) passes `Links`: links.input_ready(k) is issued on the compute
+// lane before chunk k's input is first read, links.output_ready(k) after chunk k's output
+// is complete; every path of a call (empty, one rank, plain NCCL, one chunk) issues both
+// for each of its chunks(count) chunks, so the caller's events are always recorded.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +65,12 @@ constexpr int num_phases = 4;
 
 template <class... Codecs>
 struct codec_list {};
+
+/// Links of a call that nothing produces or consumes chunk by chunk: the flat collectives'.
+struct no_links {
+  void input_ready(int) const {}
+  void output_ready(int) const {}
+};
 
 /// Upper bounds, over every count <= max_count, of the workspace a call needs. A slot
 /// holds a header of `header` bytes and a frame of n values, at most nb*(meta + codes) +
@@ -215,6 +227,34 @@ class engine {
     return schedule::shard(count, Codec::block_size, P_, rank_);
   }
 
+  /// The chunks a call of `count` values runs in (what plan() returns; 1 on the empty,
+  /// one-rank and plain paths). The same on every rank of the communicator, and on every
+  /// communicator of the same size and options: a hierarchical collective computes its
+  /// peers' chunks with it.
+  template <class Codec>
+  int chunks(std::size_t count) const {
+    if (count == 0 || P_ == 1) return 1;
+    if constexpr (impl::has_plain)
+      if (below_crossover(count)) return 1;
+    return schedule::num_chunks<Schedule>(count, Codec::block_size, one_shot_ ? 1 : P_);
+  }
+  /// Calls f(range) for every non-empty range of the input that chunk k of K of a
+  /// `count`-value call reads (and whose output it writes): piece k of the whole tensor
+  /// (one shot, or one chunk), else piece k of every rank's shard, in rank order.
+  template <class Codec, class F>
+  void chunk_ranges(std::size_t count, int K, int k, F&& f) const {
+    const std::size_t B = Codec::block_size;
+    if (one_shot_ || K == 1 || P_ == 1) {
+      const schedule::range r = schedule::piece<Schedule>({0, count}, B, K, k);
+      if (r.count > 0) f(r);
+      return;
+    }
+    for (int p = 0; p < P_; ++p) {
+      const schedule::range r = shard_piece(count, B, p, K, k);
+      if (r.count > 0) f(r);
+    }
+  }
+
   /// Waits until the calls issued on `stream` have finished, within options().timeout
   /// (NCCL; the MPI backend's calls finish before they return): lowbit::timeout_error,
   /// with the communicator aborted, on expiry.
@@ -227,21 +267,23 @@ class engine {
   }
 
   // ---- all_reduce -------------------------------------------------------------------
-  template <class Codec>
-  void all_reduce(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
+  template <class Codec, class Links = no_links>
+  void all_reduce(const T* in, T* out, std::size_t count, stream_type stream, const char* who,
+                  const Links& links = {}) {
     validate(in, out, count, count, count, who);
-    if (count == 0) return;
+    if (count == 0) return whole_call(links, [] {});
     call_check& cc = begin_call<Codec>(count, who, stream);
-    if (P_ == 1) return copy_call(in, out, count, stream);
+    if (P_ == 1) return whole_call(links, [&] { copy_call(in, out, count, stream); });
     if constexpr (impl::has_plain) {
       if (below_crossover(count)) {
-        be_.plain_all_reduce(in, out, count, opts_.op, stream);
-        ++step_;
-        return;
+        return whole_call(links, [&] {
+          be_.plain_all_reduce(in, out, count, opts_.op, stream);
+          ++step_;
+        });
       }
     }
     if (one_shot_) {
-      all_reduce_one_shot<Codec>(in, out, count, stream, cc);
+      all_reduce_one_shot<Codec>(in, out, count, stream, cc, links);
       return;
     }
     const int K = plan<Codec>(count);
@@ -252,7 +294,7 @@ class engine {
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
 
-    encode_pieces<Codec>(in, count, K, key0);
+    encode_pieces<Codec>(in, count, K, key0, links);
     exchange(K, cc);
     check_received(K, cc);
     for (int k = 0; k < K; ++k) {  // 3: reduce my piece, re-encode it into my gather slot
@@ -288,6 +330,7 @@ class engine {
           be_.template decode<Codec>(lane::compute, frame, pc.count, out + pc.begin, scale);
         }
       }
+      links.output_ready(k);
     }
     be_.end();
     ++step_;
@@ -295,9 +338,9 @@ class engine {
   }
 
   // ---- all_reduce, one shot: gather every rank's frame, every rank sums them all ------
-  template <class Codec>
+  template <class Codec, class Links>
   void all_reduce_one_shot(const T* in, T* out, std::size_t count, stream_type stream,
-                           call_check& cc) {
+                           call_check& cc, const Links& links) {
     const std::size_t B = Codec::block_size;
     const int K = plan_one_shot<Codec>(count);
     const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
@@ -309,6 +352,7 @@ class engine {
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
       std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
       if constexpr (H > 0) stamp(slot, false);
+      links.input_ready(k);
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
                                  fb.shifted(pc.begin));
       be_.signal(lane::compute, event(k, phase::reduced));
@@ -328,6 +372,7 @@ class engine {
         be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
                                    out + pc.begin, scale, acc_.data());
       }
+      links.output_ready(k);
     }
     be_.end();
     ++step_;
@@ -335,18 +380,20 @@ class engine {
   }
 
   // ---- reduce_scatter: out gets my shard, the exact fp32 sum of the decoded frames ------
-  template <class Codec>
-  void reduce_scatter(const T* in, T* out, std::size_t count, stream_type stream, const char* who) {
+  template <class Codec, class Links = no_links>
+  void reduce_scatter(const T* in, T* out, std::size_t count, stream_type stream, const char* who,
+                      const Links& links = {}) {
     const schedule::range mine = my_shard<Codec>(count);
     validate(in, out, count, count, mine.count, who);
-    if (count == 0) return;
+    if (count == 0) return whole_call(links, [] {});
     call_check& cc = begin_call<Codec>(count, who, stream);
-    if (P_ == 1) return copy_call(in, out, count, stream);
+    if (P_ == 1) return whole_call(links, [&] { copy_call(in, out, count, stream); });
     if constexpr (impl::has_plain) {
       if (below_crossover(count)) {
-        be_.plain_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
-        ++step_;
-        return;
+        return whole_call(links, [&] {
+          be_.plain_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
+          ++step_;
+        });
       }
     }
     const int K = plan<Codec>(count);
@@ -354,24 +401,26 @@ class engine {
     const float scale = output_scale();
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
-    encode_pieces<Codec>(in, count, K, key0);
+    encode_pieces<Codec>(in, count, K, key0, links);
     exchange(K, cc);
     check_received(K, cc);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
-      if (pc.count == 0 || cc.failed()) continue;
-      const std::byte* frames = recv_.data() + recv_base_[k] + H;
-      T* dst = out + (pc.begin - mine.begin);
-      if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
-        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
-                                   tmp_.data() + pc.begin, scale, acc_.data());
-        be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
-                              state_.replicated() + pc.begin, dst);
-      } else {
-        be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst, scale,
-                                   acc_.data());
+      if (pc.count > 0 && !cc.failed()) {
+        const std::byte* frames = recv_.data() + recv_base_[k] + H;
+        T* dst = out + (pc.begin - mine.begin);
+        if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
+          be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
+                                     tmp_.data() + pc.begin, scale, acc_.data());
+          be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
+                                state_.replicated() + pc.begin, dst);
+        } else {
+          be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst,
+                                     scale, acc_.data());
+        }
       }
+      links.output_ready(k);
     }
     be_.end();
     ++step_;
@@ -500,6 +549,14 @@ class engine {
     }
   }
 
+  /// A call of one chunk whose work `run` issues: the links around it.
+  template <class Links, class Run>
+  void whole_call(const Links& links, Run&& run) {
+    links.input_ready(0);
+    run();
+    links.output_ready(0);
+  }
+
   /// A one-rank call: nothing crosses a wire, so the result is the input, exactly (no
   /// codec, no feedback update); in place it is nothing at all.
   void copy_call(const T* in, T* out, std::size_t count, stream_type stream) {
@@ -607,8 +664,9 @@ class engine {
   }
 
   /// Phase 1: every shard's piece k, encoded for its owner (stage 0).
-  template <class Codec>
-  void encode_pieces(const T* in, std::size_t count, int K, const rng_key& key0) {
+  template <class Codec, class Links>
+  void encode_pieces(const T* in, std::size_t count, int K, const rng_key& key0,
+                     const Links& links) {
     const std::size_t B = Codec::block_size;
     const auto fb = state_.worker_ref();
     const auto encode_piece = [&](int k, int p) {
@@ -621,6 +679,7 @@ class engine {
                                  fb.shifted(pc.begin));
     };
     for (int k = 0; k < K; ++k) {
+      links.input_ready(k);
       for (int p = 0; p < P_; ++p)
         if (p != rank_) encode_piece(k, p);
       be_.signal(lane::compute, event(k, phase::encoded));

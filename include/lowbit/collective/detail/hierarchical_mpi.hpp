@@ -5,6 +5,7 @@
 // summation is the library's).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -40,52 +41,86 @@ class plain_stage<backend::mpi, T> {
     recv_off_.assign(g, 0);
   }
 
-  /// out = the fp32 sum, in rank order, of every rank's shard `me` of `in` (times 1/G for
-  /// avg), rounded once to T.
+  /// out = the fp32 sum, in rank order, of every rank's piece of `in` that `ranges` names
+  /// for this rank (times 1/G for avg), rounded once to T. ranges(p, f) calls f(r) for
+  /// each range r of rank p's rail shard (indices from the shard's start) of this call;
+  /// `out` is indexed from this rank's shard's start. One frame per peer, whatever the
+  /// ranges: the per-element sums are those of the whole shard, chunk by chunk.
+  template <class Ranges>
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
-                      impl::stream_type) {
+                      const Ranges& ranges, impl::stream_type) {
     call_check cc = begin(count, "stage 1 (node-local reduce-scatter)");
     const schedule::range mine = schedule::shard(count, block, G_, me_);
+    const std::size_t n_me = values_of(ranges, me_);
     std::size_t send = 0;
     for (int p = 0; p < G_; ++p) {
       const std::size_t i = static_cast<std::size_t>(p);
       const schedule::range s = schedule::shard(count, block, G_, p);
       send_off_[i] = send;
-      send_bytes_[i] = p == me_ ? 0 : H + s.count * sizeof(T);
-      recv_off_[i] = i * (H + mine.count * sizeof(T));
-      recv_bytes_[i] = p == me_ ? 0 : H + mine.count * sizeof(T);
+      send_bytes_[i] = p == me_ ? 0 : H + values_of(ranges, p) * sizeof(T);
+      recv_off_[i] = i * (H + n_me * sizeof(T));
+      recv_bytes_[i] = p == me_ ? 0 : H + n_me * sizeof(T);
       if (p == me_) continue;
-      put(send_.data() + send, in + s.begin, s.count, cc);
+      put(send_.data() + send, in + s.begin, ranges, p, cc);
       send += send_bytes_[i];
     }
     be_.alltoallv(lane::comm, send_.data(), send_bytes_.data(), send_off_.data(), recv_.data(),
                   recv_bytes_.data(), recv_off_.data(), cc);
     check(cc, recv_off_);
     float* acc = acc_.data();
-    for (std::size_t j = 0; j < mine.count; ++j) acc[j] = 0.0f;
+    for (std::size_t j = 0; j < n_me; ++j) acc[j] = 0.0f;
     for (int p = 0; p < G_; ++p) {
-      const T* x = p == me_ ? in + mine.begin : values(recv_.data() + recv_off_[p]);
-      for (std::size_t j = 0; j < mine.count; ++j) acc[j] = fadd(acc[j], to_float(x[j]));
+      if (p == me_) {
+        std::size_t j = 0;
+        ranges(me_, [&](schedule::range r) {
+          for (std::size_t e = 0; e < r.count; ++e, ++j)
+            acc[j] = fadd(acc[j], to_float(in[mine.begin + r.begin + e]));
+        });
+      } else {
+        const T* x = values(recv_.data() + recv_off_[p]);
+        for (std::size_t j = 0; j < n_me; ++j) acc[j] = fadd(acc[j], to_float(x[j]));
+      }
     }
     const float scale = op == reduce_op::avg ? 1.0f / static_cast<float>(G_) : 1.0f;
-    for (std::size_t j = 0; j < mine.count; ++j)
-      out[j] = from_float<T>(scale != 1.0f ? fmul(acc[j], scale) : acc[j]);
+    std::size_t j = 0;
+    ranges(me_, [&](schedule::range r) {
+      for (std::size_t e = 0; e < r.count; ++e, ++j)
+        out[r.begin + e] = from_float<T>(scale != 1.0f ? fmul(acc[j], scale) : acc[j]);
+    });
+  }
+  /// The whole shard in one call.
+  void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
+                      impl::stream_type stream) {
+    reduce_scatter(in, out, count, block, op, whole_shards{count, block, G_}, stream);
   }
 
-  /// out[0, count) = every rank's shard, `in` being this rank's.
-  void all_gather(const T* in, T* out, std::size_t count, std::size_t block, impl::stream_type) {
+  /// out gets every rank's pieces that `ranges` names (ranges as reduce_scatter's), `in`
+  /// holding this rank's shard (indexed from its start); out is the whole tensor.
+  template <class Ranges>
+  void all_gather(const T* in, T* out, std::size_t count, std::size_t block, const Ranges& ranges,
+                  impl::stream_type) {
     call_check cc = begin(count, "stage 3 (node-local all-gather)");
-    const std::size_t slot = H + schedule::shard(count, block, G_, 0).count * sizeof(T);
-    const schedule::range mine = schedule::shard(count, block, G_, me_);
-    put(recv_.data() + static_cast<std::size_t>(me_) * slot, in, mine.count, cc);
+    std::size_t widest = 0;
+    for (int p = 0; p < G_; ++p) widest = std::max(widest, values_of(ranges, p));
+    const std::size_t slot = H + widest * sizeof(T);
+    put(recv_.data() + static_cast<std::size_t>(me_) * slot, in, ranges, me_, cc);
     be_.allgather(lane::comm, recv_, 0, slot, 32, cc);
     for (int p = 0; p < G_; ++p) gather_off_[p] = static_cast<std::size_t>(p) * slot;
     check(cc, gather_off_);
     for (int p = 0; p < G_; ++p) {
       const schedule::range s = schedule::shard(count, block, G_, p);
-      const T* x = p == me_ ? in : values(recv_.data() + gather_off_[p]);
-      if (s.count > 0 && out + s.begin != x) std::memmove(out + s.begin, x, s.count * sizeof(T));
+      const T* x = values(recv_.data() + gather_off_[p]);
+      ranges(p, [&](schedule::range r) {
+        const T* from = p == me_ ? in + r.begin : x;
+        if (out + s.begin + r.begin != from)
+          std::memmove(out + s.begin + r.begin, from, r.count * sizeof(T));
+        x += r.count;
+      });
     }
+  }
+  /// The whole tensor in one call.
+  void all_gather(const T* in, T* out, std::size_t count, std::size_t block, impl::stream_type s) {
+    all_gather(in, out, count, block, whole_shards{count, block, G_}, s);
   }
 
  private:
@@ -101,10 +136,22 @@ class plain_stage<backend::mpi, T> {
     gather_off_.assign(static_cast<std::size_t>(G_), 0);
     return call_check(who_, h, opts_.timeout, G_);
   }
-  /// A frame: the header, then n raw values.
-  static void put(std::byte* slot, const T* x, std::size_t n, const call_check& cc) {
+  /// A frame: the header, then the values of rank p's ranges of `shard`, back to back.
+  template <class Ranges>
+  static void put(std::byte* slot, const T* shard, const Ranges& ranges, int p,
+                  const call_check& cc) {
     std::memcpy(slot, &cc.want, H);
-    if (n > 0) std::memcpy(slot + H, x, n * sizeof(T));
+    std::byte* at = slot + H;
+    ranges(p, [&](schedule::range r) {
+      std::memcpy(at, shard + r.begin, r.count * sizeof(T));
+      at += r.count * sizeof(T);
+    });
+  }
+  template <class Ranges>
+  static std::size_t values_of(const Ranges& ranges, int p) {
+    std::size_t n = 0;
+    ranges(p, [&](schedule::range r) { n += r.count; });
+    return n;
   }
   static const T* values(const std::byte* slot) { return reinterpret_cast<const T*>(slot + H); }
   /// Every peer's header; the agreement check before the call makes a mismatch here a
@@ -126,6 +173,21 @@ class plain_stage<backend::mpi, T> {
   host_buffer<std::byte> send_, recv_;
   host_buffer<float> acc_;
   std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, gather_off_;
+};
+
+/// The host backend runs a hierarchical call's chunks one after the other, each step
+/// complete before the next: nothing to link.
+template <>
+class stage_links<backend::mpi> {
+ public:
+  using stream_type = backend_impl<backend::mpi>::stream_type;
+  explicit stage_links(int) {}
+  stream_type begin(stream_type s, bool) { return s; }
+  void staged(int) {}
+  void input_ready(int) const {}
+  void output_ready(int) const {}
+  void before_gather(int) {}
+  void end() {}
 };
 
 }  // namespace lowbit::detail

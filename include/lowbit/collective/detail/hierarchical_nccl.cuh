@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "lowbit/collective/detail/backend_nccl.cuh"
 #include "lowbit/collective/detail/hierarchical_stage.hpp"
@@ -16,11 +17,13 @@ namespace lowbit::detail {
 
 template <class T>
 class plain_stage<backend::nccl, T> {
+  using impl = backend_impl<backend::nccl>;
+
  public:
   /// Needs no workspace: NCCL moves the values in place.
   plain_stage(const comm::nccl_comm& intra, std::size_t, std::size_t, const collective_options&,
               const char*)
-      : be_(intra, 0, 1) {}
+      : be_(intra, 0, 1), comm_(&intra) {}
 
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       cudaStream_t stream) {
@@ -30,8 +33,97 @@ class plain_stage<backend::nccl, T> {
     be_.plain_all_gather(in, out, count, block, stream);
   }
 
+  /// One chunk of stage 1: for every owner p and range r of ranges(p, f) (indices from the
+  /// start of p's rail shard), an ncclReduce to p, grouped; `out` is indexed from this
+  /// rank's shard's start. Every rank issues the same calls in the same order.
+  template <class Ranges>
+  void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
+                      const Ranges& ranges, cudaStream_t s) {
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < comm_->size(); ++p) {
+      const T* shard = in + schedule::shard(count, block, comm_->size(), p).begin;
+      ranges(p, [&](schedule::range r) {
+        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, out + r.begin, r.count,
+                                   comm::nccl_data_type<T>(), impl::nccl_op(op), p, comm_->get(),
+                                   s));
+      });
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  }
+  /// One chunk of stage 3: every owner broadcasts its ranges (`in` is this rank's shard,
+  /// indexed from its start) into place in `out`, grouped.
+  template <class Ranges>
+  void all_gather(const T* in, T* out, std::size_t count, std::size_t block, const Ranges& ranges,
+                  cudaStream_t s) {
+    const int me = comm_->rank();
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < comm_->size(); ++p) {
+      T* shard = out + schedule::shard(count, block, comm_->size(), p).begin;
+      ranges(p, [&](schedule::range r) {
+        LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in + r.begin : shard + r.begin, shard + r.begin,
+                                      r.count, comm::nccl_data_type<T>(), p, comm_->get(), s));
+      });
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  }
+
  private:
-  backend_impl<backend::nccl> be_;
+  impl be_;
+  const comm::nccl_comm* comm_;
+};
+
+/// How a pipelined hierarchical call's stages overlap on NCCL: stage 1 and 3 (the node's
+/// communicator) on the caller's stream, stage 2 (the rail's) on a stream of its own
+/// forked from it, with one event per chunk each way. Chunk k's stage 2 waits for its
+/// stage 1; its stage 3 waits for its stage 2; nothing waits on the host, and the fork
+/// and the join keep the call capturable in a CUDA graph.
+template <>
+class stage_links<backend::nccl> {
+ public:
+  explicit stage_links(int max_chunks) : side_(unique_stream::create()) {
+    events_.reserve(2 * static_cast<std::size_t>(max_chunks) + 2);
+    for (int i = 0; i < 2 * max_chunks + 2; ++i) events_.push_back(unique_event::create());
+    K_ = max_chunks;
+  }
+  /// Forks stage 2's stream from the caller's (when `overlap`) and returns it.
+  cudaStream_t begin(cudaStream_t caller, bool overlap) {
+    caller_ = caller;
+    on_ = overlap;
+    if (!on_) return caller;
+    LOWBIT_CUDA_TRY(cudaEventRecord(ev(2 * K_), caller_));
+    LOWBIT_CUDA_TRY(cudaStreamWaitEvent(side_.get(), ev(2 * K_), 0));
+    return side_.get();
+  }
+  /// After stage 1 of chunk k, on the caller's stream.
+  void staged(int k) {
+    if (on_) LOWBIT_CUDA_TRY(cudaEventRecord(ev(k), caller_));
+  }
+  /// Stage 2's Links (engine.hpp): before chunk k's input is read, after its output.
+  void input_ready(int k) const {
+    if (on_) LOWBIT_CUDA_TRY(cudaStreamWaitEvent(side_.get(), ev(k), 0));
+  }
+  void output_ready(int k) const {
+    if (on_) LOWBIT_CUDA_TRY(cudaEventRecord(ev(K_ + k), side_.get()));
+  }
+  /// Before stage 3 of chunk k, on the caller's stream.
+  void before_gather(int k) {
+    if (on_) LOWBIT_CUDA_TRY(cudaStreamWaitEvent(caller_, ev(K_ + k), 0));
+  }
+  /// Joins stage 2's stream back into the caller's.
+  void end() {
+    if (!on_) return;
+    LOWBIT_CUDA_TRY(cudaEventRecord(ev(2 * K_ + 1), side_.get()));
+    LOWBIT_CUDA_TRY(cudaStreamWaitEvent(caller_, ev(2 * K_ + 1), 0));
+  }
+
+ private:
+  cudaEvent_t ev(int i) const { return events_[static_cast<std::size_t>(i)].get(); }
+
+  unique_stream side_;
+  std::vector<unique_event> events_;
+  int K_ = 1;
+  cudaStream_t caller_ = nullptr;
+  bool on_ = false;
 };
 
 }  // namespace lowbit::detail

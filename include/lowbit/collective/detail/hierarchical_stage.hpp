@@ -39,6 +39,26 @@ class plain_stage {
                 "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
 };
 
+/// How a hierarchical call's chunked stages wait for each other; specialised with the
+/// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh).
+template <class Backend>
+class stage_links {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no hierarchical stage links for this backend: include "
+                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+};
+
+/// The ranges of a one-chunk call: every rank's whole rail shard.
+struct whole_shards {
+  std::size_t count, block;
+  int ranks;
+  template <class F>
+  void operator()(int p, F&& f) const {
+    const schedule::range s = schedule::shard(count, block, ranks, p);
+    if (s.count > 0) f(schedule::range{0, s.count});
+  }
+};
+
 /// Runs a call of a flat collective with the backend's entry point: async on NCCL (the
 /// hierarchical call synchronises once, at its end), a completed call on MPI.
 template <class Backend, class C, class In, class Out, class Stream>
@@ -116,8 +136,14 @@ class intra_stage {
 
   int size() const noexcept { return G_; }
   int rank() const noexcept { return l_; }
-  /// This rank's rail shard of a count-element tensor.
+  /// This rank's rail shard of a count-element tensor, and rank p's.
   schedule::range shard(std::size_t count) const { return schedule::shard(count, block, G_, l_); }
+  schedule::range shard_of(std::size_t count, int p) const {
+    return schedule::shard(count, block, G_, p);
+  }
+  /// Whether stage 1 and 3 can run chunk by chunk (the full-precision stage: a coded stage
+  /// is a flat collective over the whole tensor, whose shards are contiguous).
+  static constexpr bool chunked = plain;
 
   /// Stage 2's options: the caller's, with a seed of this rail's own.
   collective_options rail_options(const collective_options& o) const {
@@ -193,6 +219,21 @@ class intra_stage {
       stages_.all_gather(in, out, count, block, stream);
     else
       issue_call<Backend>(stages_.ag, in, out, count, stream);
+  }
+  /// One chunk of stage 1 (full precision only): the pieces ranges(p, f) names of every
+  /// rank p's shard (indices from the shard's start); out is this rank's shard.
+  template <class Ranges>
+  void reduce_scatter(const T* in, T* out, std::size_t count, const Ranges& ranges,
+                      stream_type stream) {
+    static_assert(plain, "lowbit: a coded node-local stage runs whole");
+    stages_.reduce_scatter(in, out, count, block, opts_.op, ranges, stream);
+  }
+  /// One chunk of stage 3 (full precision only): those pieces into place in out[0, count).
+  template <class Ranges>
+  void all_gather(const T* in, T* out, std::size_t count, const Ranges& ranges,
+                  stream_type stream) {
+    static_assert(plain, "lowbit: a coded node-local stage runs whole");
+    stages_.all_gather(in, out, count, block, ranges, stream);
   }
 
  private:

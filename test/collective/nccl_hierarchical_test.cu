@@ -1,0 +1,215 @@
+// The hierarchical collectives on the NCCL backend, one MPI rank per GPU, over every node
+// shape N x G of the job (2 GPUs: 2 nodes x 1, the rail path alone, and 1 node x 2; 4
+// GPUs add 2 x 2, where the stages pipeline). Checked bit for bit against the host (MPI)
+// backend running the same shape on the same inputs: nodes of at most two ranks sum
+// exactly in either order, and the codecs are bit-exact host vs device. Also: equal to
+// the flat collective on 2 x 1, identical on every rank, and a captured CUDA graph
+// replays the eager call.
+#define CATCH_CONFIG_RUNNER
+#include <mpi.h>
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "collective_test_util.hpp"
+#include "lowbit/collective/mpi.hpp"
+#include "lowbit/collective/nccl.cuh"
+#include "lowbit/comm/mpi_bootstrap.hpp"
+
+namespace lowbit::test {
+namespace {
+
+using C4n = codec<quant::absmax<4, 128>, round::nearest>;
+using C2s = codec<quant::absmax<2, 64>, round::stochastic>;
+using Res = feedback::residual<>;
+/// Chunks small enough that a 10^5-value call is cut: the pipelined path where N, G > 1.
+using chunked = schedule::pipelined<4, 4096>;
+
+std::unique_ptr<comm::nccl_comm> g_world;
+cudaStream_t g_stream = nullptr;
+
+const comm::mpi_comm& mpi_world() {
+  static const comm::mpi_comm c(MPI_COMM_WORLD);
+  return c;
+}
+
+/// Every (nodes, ranks per node) whose product is the world size, nodes of contiguous
+/// ranks.
+std::vector<std::pair<int, int>> shapes() {
+  std::vector<std::pair<int, int>> s;
+  for (int g = 1; g <= world_size(); ++g)
+    if (world_size() % g == 0) s.push_back({world_size() / g, g});
+  return s;
+}
+
+template <class T>
+struct dvec {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit dvec(std::size_t n_) : n(n_) {
+    if (n) LOWBIT_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
+  }
+  dvec(const dvec&) = delete;
+  ~dvec() {
+    if (p) cudaFree(p);
+  }
+  void from(const std::vector<T>& h) {
+    LOWBIT_CUDA_TRY(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> get(std::size_t count) const {
+    std::vector<T> h(count);
+    LOWBIT_CUDA_TRY(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stage, std::uint64_t key) {
+  return seed ^ ((stage * 0x9e3779b97f4a7c15ull) + (key + 1) * 0xbf58476d1ce4e5b9ull);
+}
+
+/// `steps` calls of the NCCL and the host hierarchical all_reduce on shape N x G: the
+/// same bits, on every rank, step after step (the feedback state included).
+template <class Codec, class Feedback, class Schedule>
+void check_against_host(int N, int G, std::size_t count, int steps, std::uint64_t salt) {
+  INFO(N << " nodes x " << G << ", count " << count << ", " << Codec::bits << " bits, "
+         << Feedback::name << ", " << Schedule::name);
+  const int me = world_rank(), node = me / G;
+  const auto nc = comm::split_by_node(*g_world, node);
+  const auto mc = comm::split_by_node(mpi_world(), node);
+  REQUIRE(nc.nodes == N);
+  REQUIRE(nc.ranks_per_node == G);
+  collective_options o;
+  o.seed = shared_seed() + salt;
+  hierarchical_all_reduce<float, Codec, Feedback, full_precision, Schedule> dev(nc.intra, nc.inter,
+                                                                                count, o);
+  mpi::hierarchical_all_reduce<float, Codec, Feedback, full_precision, Schedule> host(
+      mc.intra, mc.inter, count, o);
+  dvec<float> d(count);
+  for (int s = 0; s < steps; ++s) {
+    const auto x = make_input(input_kind::normal, count, me, salt * 17 + s);
+    d.from(x);
+    dev.async(d.p, d.p, count, g_stream);  // in place
+    dev.sync(g_stream);
+    std::vector<float> want(count);
+    host(x.data(), want.data(), count);
+    const auto got = d.get(count);
+    CHECK(std::memcmp(got.data(), want.data(), count * sizeof(float)) == 0);
+    CHECK(same_on_all_ranks(got.data(), count * sizeof(float)));
+    CHECK(dev.step() == host.step());
+  }
+}
+
+TEST_CASE("hierarchical_all_reduce on NCCL: every node shape, equal to the host backend") {
+  std::uint64_t salt = 1;
+  for (const auto& [N, G] : shapes()) {
+    if (G > 2) continue;  // NCCL sums more than two ranks in an order of its own
+    for (const std::size_t count : {std::size_t(1), std::size_t(1000), std::size_t(100003)}) {
+      check_against_host<C4n, feedback::none, schedule::flat>(N, G, count, 1, salt++);
+      check_against_host<C2s, Res, chunked>(N, G, count, 3, salt++);
+    }
+  }
+}
+
+TEST_CASE("hierarchical_all_reduce on 2 nodes x 1 is the flat all_reduce of the rail") {
+  if (world_size() != 2) return;
+  const int me = world_rank();
+  const auto nc = comm::split_by_node(*g_world, me);
+  REQUIRE(nc.ranks_per_node == 1);
+  collective_options o;
+  o.seed = shared_seed() + 77;
+  const std::size_t count = 300001;
+  hierarchical_all_reduce<float, C2s, Res, full_precision, chunked> h(nc.intra, nc.inter, count, o);
+  collective_options fo = o;
+  fo.seed = mix_seed(o.seed, 2, 0);  // the rail's seed (local index 0)
+  all_reduce<float, C2s, Res, chunked> flat(*g_world, count, fo);
+  dvec<float> a(count), b(count);
+  for (int s = 0; s < 3; ++s) {
+    const auto x = make_input(input_kind::normal, count, me, 500 + s);
+    a.from(x);
+    b.from(x);
+    h.async(a.p, a.p, count, g_stream);
+    flat.async(b.p, b.p, count, g_stream);
+    flat.sync(g_stream);
+    const auto ga = a.get(count), gb = b.get(count);
+    CHECK(std::memcmp(ga.data(), gb.data(), count * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("hierarchical_reduce_scatter on NCCL: chunked equals one pass, every shape") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(*g_world, me / G);
+    collective_options o;
+    o.seed = shared_seed() + 9;
+    const std::size_t count = 100003;
+    hierarchical_reduce_scatter<float, C2s, Res, full_precision, schedule::flat> one(
+        nc.intra, nc.inter, count, o);
+    hierarchical_reduce_scatter<float, C2s, Res, full_precision, chunked> piped(nc.intra, nc.inter,
+                                                                                count, o);
+    INFO(N << " x " << G);
+    const std::size_t n = one.shard(count).count;
+    REQUIRE(piped.shard(count).count == n);
+    dvec<float> in(count), a(n + 1), b(n + 1);
+    for (int s = 0; s < 2; ++s) {
+      in.from(make_input(input_kind::normal, count, me, 900 + s));
+      one.async(in.p, a.p, count, g_stream);
+      piped.async(in.p, b.p, count, g_stream);
+      piped.sync(g_stream);
+      const auto ga = a.get(n), gb = b.get(n);
+      CHECK(std::memcmp(ga.data(), gb.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("a pipelined hierarchical call captured in a CUDA graph replays the eager result") {
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(*g_world, me / G);
+    const std::size_t count = 100003;
+    hierarchical_all_reduce<float, C4n, feedback::none, full_precision, chunked> h(nc.intra,
+                                                                                   nc.inter, count);
+    INFO(N << " x " << G);
+    dvec<float> in(count), eager(count), replay(count);
+    in.from(make_input(input_kind::normal, count, me, 4242));
+    h.async(in.p, eager.p, count, g_stream);
+    h.sync(g_stream);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    LOWBIT_CUDA_TRY(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    h.async(in.p, replay.p, count, g_stream);
+    LOWBIT_CUDA_TRY(cudaStreamEndCapture(g_stream, &graph));
+    LOWBIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    LOWBIT_CUDA_TRY(cudaGraphLaunch(exec, g_stream));
+    h.sync(g_stream);
+    const auto ge = eager.get(count), gr = replay.get(count);
+    CHECK(std::memcmp(ge.data(), gr.data(), count * sizeof(float)) == 0);
+    LOWBIT_CUDA_TRY(cudaGraphExecDestroy(exec));
+    LOWBIT_CUDA_TRY(cudaGraphDestroy(graph));
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::test
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    lowbit::comm::select_local_device(MPI_COMM_WORLD);
+    lowbit::test::g_world =
+        std::make_unique<lowbit::comm::nccl_comm>(lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
+    Catch::Session session;
+    rc = session.applyCommandLine(argc, argv);
+    if (rc == 0) rc = session.run();
+    cudaStreamDestroy(lowbit::test::g_stream);
+    lowbit::test::g_world.reset();
+  }
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
