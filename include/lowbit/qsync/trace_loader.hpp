@@ -24,6 +24,16 @@ namespace lowbit::qsync {
 /// module call and around its backward hook.
 inline constexpr const char* backward_suffix = ".backward";
 
+namespace detail {
+// Splits a range name into the op it times and whether it is the backward half.
+inline std::pair<std::string, bool> op_of_range(const std::string& name) {
+  const std::string suffix = backward_suffix;
+  const bool bwd = name.size() > suffix.size() &&
+                   name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return {bwd ? name.substr(0, name.size() - suffix.size()) : name, bwd};
+}
+}  // namespace detail
+
 /// Per-range GPU times found in a trace, averaged over occurrences (iterations), ms.
 struct trace_ranges {
   std::map<std::string, double> gpu_ms;
@@ -32,9 +42,98 @@ struct trace_ranges {
   /// most frequent range where the trace has none), ms: with the ops' ranges it gives the
   /// kernels no op launched (optimizer step, gradient accumulation), see tail_ms().
   double kernel_ms = 0;
+  /// Host time per range, averaged over occurrences, ms: from the end of the previous
+  /// range on the same thread in the same iteration (or the iteration's start on its own
+  /// thread, or the thread's first event in the iteration on another, e.g. autograd's)
+  /// to the range's end, less the time spent in synchronising runtime calls. Gaps count
+  /// so that Python between ops is host time of the op that follows it.
+  std::map<std::string, double> cpu_ms;
+  /// Host time per iteration (ProfilerStep#N duration less synchronising calls on any
+  /// thread), ms; negative where the trace has no ProfilerStep ranges.
+  double host_ms = -1;
+  /// Iterations seen (ProfilerStep ranges, else the most frequent range's count).
+  int iterations = 0;
 };
 
-/// Reads the GPU time of every user range of a Chrome trace (`{"traceEvents": [...]}`
+namespace detail {
+// True for runtime calls in which the host waits for the GPU.
+inline bool is_sync_call(const std::string& name) {
+  return name.find("Synchronize") != std::string::npos ||
+         (name.rfind("cudaMemcpy", 0) == 0 && name.find("Async") == std::string::npos);
+}
+// Seconds of [a, b] covered by the spans in `spans` (sorted by start, non-overlapping).
+inline double covered(const std::vector<std::pair<double, double>>& spans, double a, double b) {
+  double s = 0;
+  for (const auto& [ts, dur] : spans) s += std::max(0.0, std::min(b, ts + dur) - std::max(a, ts));
+  return s;
+}
+}  // namespace detail
+
+namespace detail {
+/// A user range on one host thread (microseconds).
+struct host_range {
+  std::string name;
+  double ts, dur;
+  std::string thread;
+};
+
+// Fills out.cpu_ms and out.host_ms (see trace_ranges) from the user ranges, the
+// synchronising calls and the host events of every thread.
+inline void read_host_times(const std::vector<host_range>& ranges,
+                            std::map<std::string, std::vector<std::pair<double, double>>>& syncs,
+                            std::map<std::string, std::vector<double>>& activity,
+                            trace_ranges& out) {
+  for (auto& [t, v] : syncs) std::sort(v.begin(), v.end());
+  for (auto& [t, v] : activity) std::sort(v.begin(), v.end());
+  auto waited = [&](const std::string& thread, double a, double b) {
+    auto it = syncs.find(thread);
+    return it == syncs.end() ? 0.0 : covered(it->second, a, b);
+  };
+  std::vector<const host_range*> steps, ops;
+  for (const auto& r : ranges) (r.name.rfind("ProfilerStep#", 0) == 0 ? steps : ops).push_back(&r);
+  auto by_start = [](const host_range* a, const host_range* b) { return a->ts < b->ts; };
+  std::sort(steps.begin(), steps.end(), by_start);
+  std::sort(ops.begin(), ops.end(), by_start);
+  if (!steps.empty()) {
+    double h = 0;
+    for (const host_range* s : steps) {
+      double w = 0;
+      for (const auto& [thread, v] : syncs) w += covered(v, s->ts, s->ts + s->dur);
+      h += s->dur - w;
+    }
+    out.host_ms = h / 1000.0 / static_cast<double>(steps.size());
+  }
+  std::map<std::string, double> sum;
+  std::map<std::string, int> count;
+  std::map<std::string, std::pair<const host_range*, double>> last;  // thread -> (step, end)
+  for (const host_range* r : ops) {
+    const host_range* step = nullptr;
+    for (const host_range* s : steps)
+      if (s->ts <= r->ts && r->ts <= s->ts + s->dur) step = s;
+    // A range nested in the previous one (or the first of its thread in this
+    // iteration on a thread without the step) counts its own span only.
+    double from = r->ts;
+    auto l = last.find(r->thread);
+    if (l != last.end() && l->second.first == step && l->second.second <= r->ts) {
+      from = l->second.second;
+    } else if (step && step->thread == r->thread && (l == last.end() || l->second.first != step)) {
+      from = step->ts;
+    } else if (step && (l == last.end() || l->second.first != step)) {
+      const auto& v = activity[r->thread];
+      auto first = std::lower_bound(v.begin(), v.end(), step->ts);
+      if (first != v.end()) from = std::min(r->ts, *first);
+    }
+    const double end = r->ts + r->dur;
+    sum[r->name] += (end - from) - waited(r->thread, from, end);
+    ++count[r->name];
+    if (l == last.end() || l->second.first != step || l->second.second <= end)
+      last[r->thread] = {step, end};
+  }
+  for (const auto& [name, s] : sum) out.cpu_ms[name] = s / 1000.0 / count[name];
+}
+}  // namespace detail
+
+/// Reads the GPU and host time of every user range of a Chrome trace (`{"traceEvents": [...]}`
 /// or a bare event array). Where the trace has kernels (`cat` "kernel") with
 /// `args.correlation`, a range's time is the sum of the kernels whose launching runtime
 /// call (`cat` "cuda_runtime" or "cuda_driver", same correlation) lies inside a
@@ -44,7 +143,8 @@ struct trace_ranges {
 /// Only a trace without such kernels falls back to its `gpu_user_annotation` spans,
 /// averaged over occurrences (one per `args.External id`: a range whose kernels ran on
 /// several streams has one span per stream). Microseconds become milliseconds; several
-/// occurrences of a name are averaged.
+/// occurrences of a name are averaged. Host times per range and per iteration are read
+/// as described at trace_ranges::cpu_ms and host_ms.
 inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   const nlohmann::json* events = &trace;
   if (trace.is_object()) {
@@ -52,12 +152,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     events = &trace["traceEvents"];
   }
   LOWBIT_EXPECTS(events->is_array(), "malformed trace: \"traceEvents\" is not an array");
-  struct range {
-    std::string name;
-    double ts, dur;
-    std::string thread;
-  };
-  std::vector<range> cpu_ranges;
+  std::vector<detail::host_range> cpu_ranges;
   struct gpu_span {
     double dur;
     long long external;  ///< args["External id"], -1 when absent
@@ -67,6 +162,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
   std::map<std::string, std::vector<std::pair<double, long long>>> launches;
   std::map<long long, double> kernels;  // correlation -> summed kernel time
+  std::map<std::string, std::vector<std::pair<double, double>>> syncs;  // thread -> (ts, dur)
+  std::map<std::string, std::vector<double>> activity;  // thread -> host event starts
   for (std::size_t n = 0; n < events->size(); ++n) {
     const auto& e = (*events)[n];
     if (!e.is_object() || e.value("ph", "") != "X") continue;
@@ -79,6 +176,11 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
         if (!e.contains("args") || !e["args"].contains("correlation")) return -1;
         return e["args"]["correlation"].get<long long>();
       };
+      if (cat == "cpu_op" || cat == "cuda_runtime" || cat == "cuda_driver")
+        activity[thread].push_back(ts);
+      if ((cat == "cuda_runtime" || cat == "cuda_driver") &&
+          detail::is_sync_call(e.value("name", "")))
+        syncs[thread].push_back({ts, dur});
       if (cat == "gpu_user_annotation") {
         long long external = -1;
         if (e.contains("args") && e["args"].contains("External id"))
@@ -112,6 +214,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
       out.gpu_ms[name] = s / 1000.0 / static_cast<double>(n);
       out.occurrences[name] = n;
     }
+    detail::read_host_times(cpu_ranges, syncs, activity, out);
     return out;
   }
   for (auto& [thread, list] : launches) std::sort(list.begin(), list.end());
@@ -140,6 +243,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   double total = 0;
   for (const auto& [c, d] : kernels) total += d;
   out.kernel_ms = total / 1000.0 / std::max(iterations, 1);
+  out.iterations = iterations;
+  read_host_times(cpu_ranges, syncs, activity, out);
   return out;
 }
 
@@ -153,11 +258,8 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
                                           measured_table table = {}) {
   const trace_ranges r = read_trace_ranges(trace);
   std::map<std::string, op_time> found;
-  const std::string suffix = backward_suffix;
   for (const auto& [name, ms] : r.gpu_ms) {
-    const bool bwd = name.size() > suffix.size() &&
-                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    const std::string base = bwd ? name.substr(0, name.size() - suffix.size()) : name;
+    const auto [base, bwd] = detail::op_of_range(name);
     if (!graph.find(base)) {
       if (skipped) skipped->push_back(name);
       continue;
@@ -173,14 +275,54 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
 /// gradient accumulation, casts outside every op), ms: what a replay of the ops alone
 /// leaves out. Assumes the ops' ranges do not nest.
 inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
-  const std::string suffix = backward_suffix;
   double ops = 0;
-  for (const auto& [name, ms] : r.gpu_ms) {
-    const bool bwd = name.size() > suffix.size() &&
-                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    if (graph.find(bwd ? name.substr(0, name.size() - suffix.size()) : name)) ops += ms;
-  }
+  for (const auto& [name, ms] : r.gpu_ms)
+    if (graph.find(detail::op_of_range(name).first)) ops += ms * r.occurrences.at(name);
+  ops /= std::max(r.iterations, 1);
   return std::max(0.0, r.kernel_ms - ops);
+}
+
+/// Adds one profile at precision `p` to `table`: every op's GPU time (as
+/// measured_from_trace), its host time, and the iteration's tail (kernels no op launched,
+/// host time outside every op). The instrumented trace's ranges inflate host time (each
+/// range adds its hooks and record_function calls), so when `plain` is given, an
+/// un-instrumented trace of the same program (same loop, no ranges), the overhead is
+/// taken out: its per-iteration host time is the truth, and the instrumented excess over
+/// it is spread evenly over the op ranges, `c = (H_instr - H_plain) / ranges per
+/// iteration`, each op's host time less `c` (never below 0), the tail what is left of
+/// `H_plain`. Returns the names of ranges that are not ops of `graph`.
+inline std::vector<std::string> add_profile(measured_table& table, const nlohmann::json& trace,
+                                            precision p, const op_graph& graph,
+                                            const nlohmann::json* plain = nullptr) {
+  std::vector<std::string> skipped;
+  table = measured_from_trace(trace, p, graph, &skipped, std::move(table));
+  const trace_ranges r = read_trace_ranges(trace);
+  const double iterations = std::max(r.iterations, 1);
+  double per_iteration = 0;  // op ranges per iteration
+  for (const auto& [name, ms] : r.cpu_ms)
+    if (graph.find(detail::op_of_range(name).first)) per_iteration += r.occurrences.at(name);
+  per_iteration /= iterations;
+  double host = r.host_ms, overhead = 0;
+  if (plain) {
+    const trace_ranges q = read_trace_ranges(*plain);
+    LOWBIT_EXPECTS(q.host_ms >= 0, "the un-instrumented trace has no ProfilerStep ranges");
+    if (host >= 0 && per_iteration > 0)
+      overhead = std::max(0.0, (host - q.host_ms) / per_iteration);
+    host = q.host_ms;
+  }
+  std::map<std::string, op_time> found;
+  double ops_host = 0;
+  for (const auto& [name, ms] : r.cpu_ms) {
+    const auto [base, bwd] = detail::op_of_range(name);
+    if (!graph.find(base)) continue;
+    const double v = std::max(0.0, ms - overhead);
+    ops_host += v * r.occurrences.at(name) / iterations;
+    auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
+    (bwd ? it->second.backward_ms : it->second.forward_ms) = v;
+  }
+  for (const auto& [name, t] : found) table.set_host(name, p, t);
+  table.set_tail(p, {tail_ms(r, graph), host >= 0 ? std::max(0.0, host - ops_host) : -1.0});
+  return skipped;
 }
 
 /// Parses a JSON file; throws invalid_argument naming the file (and the byte where the
