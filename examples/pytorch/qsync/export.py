@@ -92,13 +92,13 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     module's own weights (lowbit-plan adds those itself), and charge tensors saved by
     code between modules to the op that ran last. ``with_stats`` adds the indicator's
     statistics (norms and absmax of weights, inputs and gradients)."""
-    params = {p.data_ptr() for p in model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     records: Dict[str, dict] = {}
     producer: Dict[object, str] = {}  # grad_fn -> op name (kept alive by the dict)
     current: List[Optional[str]] = [None]
     last: List[Optional[str]] = [None]
     seen_storage = set()
-    owned_shapes: Dict[str, set] = {}
+    owned_sizes: Dict[str, set] = {}
     order = [0]
     calls = _Calls(model)
     handles = []
@@ -130,7 +130,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 "input_numel": float(_numel(ins)),
             }
             order[0] += 1
-            owned_shapes[op] = {tuple(p.shape) for p in own}
+            owned_sizes[op] = {p.numel() for p in own}
             if with_stats:
                 fl = [t for t in ins if t.is_floating_point()]
                 w = [p for p in own if p.is_floating_point()]
@@ -168,15 +168,15 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
 
     def pack(t):
         op = current[0] or last[0]
-        if op is None or t.data_ptr() in params:
-            return t
-        if t.dtype != torch.float32 and tuple(t.shape) in owned_shapes.get(op, ()):
-            return t  # autocast's copy of the op's own weight
         try:
             key = t.untyped_storage().data_ptr()
             size = t.untyped_storage().nbytes()
         except Exception:  # noqa: BLE001 (tensor subclasses without storage)
             return t
+        if op is None or key in params:
+            return t
+        if t.dtype != torch.float32 and t.numel() in owned_sizes.get(op, ()):
+            return t  # autocast's copy of the op's own weight (maybe transposed)
         if key not in seen_storage:
             seen_storage.add(key)
             records[op]["saved_bytes"][precision] += float(size)
@@ -269,7 +269,9 @@ class instrument:
             op = fwd_names.pop() if fwd_names else call_name(name, 0)
             r = torch.profiler.record_function(op + ".backward")
             r.__enter__()
-            bwd_open.append([r, 1 + len(own)])
+            # Gradients of weights used by several calls accumulate once, after the
+            # backward of the first call (the last to run): only that range waits.
+            bwd_open.append([r, 1 + (len(own) if op == call_name(name, 0) else 0)])
 
         def bpost(mod, grad_input, grad_output):
             close_one()

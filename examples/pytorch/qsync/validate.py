@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import os
 import subprocess
@@ -238,7 +239,9 @@ def run_case(torch, args, name, spec, out, measured_rows):
             ex.profile(step, raw, steps=args.profile_steps)
             qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
         log("%s: profiled %s" % (name, p))
-    del opt
+    del opt, step  # the step holds the optimizer: its state must not stay allocated
+    gc.collect()
+    torch.cuda.empty_cache()
     mpath = os.path.join(out, "%s.model.json" % name)
     qm.write_json(mpath, model_json)
 
@@ -271,6 +274,7 @@ def run_case(torch, args, name, spec, out, measured_rows):
             peak = torch.cuda.max_memory_allocated() / 2.0 ** 30
             summary = ap.summary()
         del opt, step
+        gc.collect()
         torch.cuda.empty_cache()
         row = {"case": "%s/%s" % (name, pn), "model": name, "plan": pn, "batch": spec["batch"],
                "iters": args.iters, "iter_ms_median": "%.4f" % qm.median(times),
@@ -420,9 +424,12 @@ def main(argv=None):
     for d in ("traces", "plans"):
         os.makedirs(os.path.join(args.out, d), exist_ok=True)
     env = {"torch": torch.__version__, "cuda": torch.version.cuda,
-           "gpu": torch.cuda.get_device_name(0), "argv": sys.argv,
-           "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+           "gpu": torch.cuda.get_device_name(0), "argv": sys.argv}
+    try:  # reported, not changed: "fp32" convolutions use TF32 by PyTorch's default
+        env["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+        env["matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    except Exception:  # noqa: BLE001 (a newer torch may drop these flags)
+        pass
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(env, f, indent=1)
     log("torch %s on %s" % (env["torch"], env["gpu"]))
