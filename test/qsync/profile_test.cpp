@@ -155,7 +155,17 @@ TEST_CASE("memory counts autocast's weight copies, measured saved bytes and the 
   const memory_breakdown m = sim.evaluate(sim.uniform(P::fp16)).groups[0].memory;
   REQUIRE(m.weight_copies == 2 * 1000 * 2);
   REQUIRE(m.activations == 1000 * 2 + 123);
+  // Backward starts at op1 (its 1000 outputs' gradients twice at 2 bytes, nothing freed);
+  // at op0 op1's 123 saved bytes and 2000 bytes of weight copy are gone.
   REQUIRE(m.workspace == 1024 * 1024 + 2 * 1000 * 2);
+  auto wide = ops;
+  wide[0].output_numel = 10000;  // op0's pair (40000 B) less what op1 freed (2123 B)
+  const simulator w(model_of(wide), {"one", {{d, 1, {}}}, {"l", 1, 0}});
+  REQUIRE(w.evaluate(w.uniform(P::fp16)).groups[0].memory.workspace == 1024 * 1024 + 40000 - 2123);
+  op norm = linear_op("ln", {});
+  norm.kind = op_kind::layer_norm;
+  const simulator n(model_of({norm}), {"one", {{d, 1, {}}}, {"l", 1, 0}});
+  REQUIRE(n.evaluate(n.uniform(P::fp16)).groups[0].memory.weight_copies == 0);
   const memory_breakdown f = sim.evaluate(sim.uniform(P::fp32)).groups[0].memory;
   REQUIRE(f.weight_copies == 0);
   REQUIRE(f.activations == 2 * 1000 * 4);

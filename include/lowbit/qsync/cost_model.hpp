@@ -207,14 +207,21 @@ struct memory_breakdown {
   }
 };
 
+/// True for kinds whose weights autocast copies to the low precision (convolutions,
+/// linears and unknown ops); norms keep fp32 weights and embeddings are not cast.
+constexpr bool copies_weights(op_kind k) noexcept {
+  return k != op_kind::batch_norm && k != op_kind::layer_norm && k != op_kind::embedding;
+}
+
 /// Memory of one iteration with op `i` at `per_op[i]`: weights and gradients in fp32,
 /// optimizer state, and each op's saved activations: the size measured at its
 /// precision when the model has one, else its storage width (bits/32 of the fp32 size,
-/// 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of every weight of a
-/// low-precision op at that width until backward has used it. The workspace is
-/// `workspace_mib` plus the largest incoming-plus-outgoing gradient pair of one op's
-/// backward (two tensors of its output's size at its width), the transient that is live
-/// at the peak besides what is saved.
+/// 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
+/// low-precision conv or linear (copies_weights) at that width until backward has used
+/// it. The workspace is `workspace_mib` plus the gradients in flight at the worst point
+/// of backward: walking ops in reverse, op i holds its incoming and outgoing gradient
+/// (twice its output at its width) while what the ops before it in backward saved has
+/// been freed, so the term is max_i (2 out_i w_i - freed before i), at least 0.
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0) {
   LOWBIT_EXPECTS(per_op.size() == g.size(), "one precision per op is needed");
@@ -223,15 +230,19 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
   m.weights = 4.0 * params;
   m.gradients = 4.0 * params;
   m.optimizer = optimizer_bytes_per_param * params;
-  double in_flight = 0.0;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const op& o = g.at(i);
-    const precision p = clamp_precision(o.kind, per_op[i]);
+  double in_flight = 0.0, freed = 0.0;
+  const auto& order = g.topo_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const op& o = g.at(*it);
+    const precision p = clamp_precision(o.kind, per_op[*it]);
     const double width = storage_bits(p) / 8.0;
     const double measured = o.saved_bytes[index_of(p)];
-    m.activations += measured >= 0 ? measured : o.saved_numel * width;
-    if (storage_bits(p) < 32) m.weight_copies += o.param_numel * width;
-    in_flight = std::max(in_flight, 2.0 * o.output_numel * width);
+    const double saved = measured >= 0 ? measured : o.saved_numel * width;
+    const double copy = storage_bits(p) < 32 && copies_weights(o.kind) ? o.param_numel * width : 0;
+    m.activations += saved;
+    m.weight_copies += copy;
+    in_flight = std::max(in_flight, 2.0 * o.output_numel * width - freed);
+    freed += saved + copy;
   }
   m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;
   return m;
