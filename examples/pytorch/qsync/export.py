@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -84,8 +85,19 @@ def _flops(module: torch.nn.Module, inputs, outputs) -> float:
     return float(out)
 
 
+def _is_weight_copy(t: torch.Tensor, params: set) -> bool:
+    """True for autocast's cast of a parameter (a to-copy whose only input is the
+    parameter's gradient accumulator): lowbit counts those copies itself."""
+    fn = t.grad_fn
+    if fn is None or "ToCopy" not in type(fn).__name__:
+        return False
+    nxt = [f for f, _ in fn.next_functions if f is not None]
+    var = getattr(nxt[0], "variable", None) if len(nxt) == 1 else None
+    return var is not None and var.untyped_storage().data_ptr() in params
+
+
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
-               with_stats: bool = False) -> Dict[str, dict]:
+               with_stats: bool = False, device_type: str = "cuda") -> Dict[str, dict]:
     """Runs ``step`` (forward and loss, returning the loss) once under ``precision``,
     calls backward, and returns one record per op (see qsync_model.model_json). Saved
     bytes count each storage once, skip parameters and autocast's copies of the
@@ -98,7 +110,6 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     current: List[Optional[str]] = [None]
     last: List[Optional[str]] = [None]
     seen_storage = set()
-    owned_sizes: Dict[str, set] = {}
     order = [0]
     calls = _Calls(model)
     handles = []
@@ -130,18 +141,18 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 "input_numel": float(_numel(ins)),
             }
             order[0] += 1
-            owned_sizes[op] = {p.numel() for p in own}
             if with_stats:
-                fl = [t for t in ins if t.is_floating_point()]
-                w = [p for p in own if p.is_floating_point()]
+                fl = [t.detach() for t in ins if t.is_floating_point()]
+                w = [p.detach() for p in own if p.is_floating_point()]
                 s = records[op].setdefault("stats", {})
-                if fl:
-                    s["input_norm"] = float(torch.linalg.vector_norm(fl[0].float()))
-                    s["input_absmax"] = float(fl[0].detach().abs().max())
-                    s["input_numel"] = float(fl[0].numel())
-                if w:
-                    s["weight_norm"] = float(torch.linalg.vector_norm(w[0].detach()))
-                    s["weight_absmax"] = float(w[0].detach().abs().max())
+                with torch.no_grad():  # nothing here may be recorded, or saved
+                    if fl:
+                        s["input_norm"] = float(torch.linalg.vector_norm(fl[0].float()))
+                        s["input_absmax"] = float(fl[0].abs().max())
+                        s["input_numel"] = float(fl[0].numel())
+                    if w:
+                        s["weight_norm"] = float(torch.linalg.vector_norm(w[0]))
+                        s["weight_absmax"] = float(w[0].abs().max())
             current[0] = op
         return hook
 
@@ -159,7 +170,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             if with_stats and outs and outs[0].requires_grad:
                 def on_grad(g, op=op):
                     s = records[op].setdefault("stats", {})
-                    s["grad_output_absmax"] = float(g.detach().abs().max())
+                    with torch.no_grad():
+                        s["grad_output_absmax"] = float(g.detach().abs().max())
                     s["grad_output_numel"] = float(g.numel())
                 grad_hooks.append(outs[0].register_hook(on_grad))
             last[0] = op
@@ -173,10 +185,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             size = t.untyped_storage().nbytes()
         except Exception:  # noqa: BLE001 (tensor subclasses without storage)
             return t
-        if op is None or key in params:
+        if op is None or key in params or _is_weight_copy(t, params):
             return t
-        if t.dtype != torch.float32 and t.numel() in owned_sizes.get(op, ()):
-            return t  # autocast's copy of the op's own weight (maybe transposed)
         if key not in seen_storage:
             seen_storage.add(key)
             records[op]["saved_bytes"][precision] += float(size)
@@ -188,15 +198,16 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     try:
         model.zero_grad(set_to_none=True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with precision_context(precision):
+            with precision_context(precision, device_type):
                 loss = step()
         loss.backward()
         if with_stats:
             for name, m in leaf_modules(model):
                 own = [p for p in m.parameters(recurse=False) if p.grad is not None]
                 if own and name and name in records:
-                    records[name].setdefault("stats", {})["grad_weight_norm"] = float(
-                        torch.linalg.vector_norm(own[0].grad))
+                    with torch.no_grad():
+                        records[name].setdefault("stats", {})["grad_weight_norm"] = float(
+                            torch.linalg.vector_norm(own[0].grad))
         model.zero_grad(set_to_none=True)
     finally:
         for h in handles + grad_hooks:
@@ -227,6 +238,11 @@ class instrument:
         self.model = model
 
     def __enter__(self):
+        # Expected for modules whose inputs need no gradient (the first conv): the full
+        # backward hook fires early, the range waits for the weight gradients instead.
+        self.warnings = warnings.catch_warnings()
+        self.warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
         self.handles, self.calls = [], _Calls(self.model)
         self.inplace = []
         for name, m in leaf_modules(self.model):
@@ -288,6 +304,7 @@ class instrument:
         self.calls.remove()
         for m in self.inplace:
             m.inplace = True
+        self.warnings.__exit__(None, None, None)
         return False
 
 
@@ -298,9 +315,10 @@ def profile(iteration: Callable[[], None], path: str, steps: int = 3, warmup: in
     and memory are not recorded: they inflate host time."""
     from torch.profiler import ProfilerActivity, schedule
 
-    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     if os.path.exists(path):
         os.remove(path)
+    warnings.filterwarnings("ignore", message="Profiler clears events")
     with torch.profiler.profile(activities=acts,
                                 schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
                                 on_trace_ready=lambda p: p.export_chrome_trace(path),

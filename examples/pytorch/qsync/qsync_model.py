@@ -208,6 +208,16 @@ def ambient_precision(precisions: Dict[str, str]) -> str:
     return max(sorted(counts), key=lambda p: counts[p])
 
 
+def host_trace(host_ms: List[float]) -> dict:
+    """A trace holding only ProfilerStep ranges of the given host times (ms): the host
+    side of iterations timed without any profiler (validate.py times the step up to its
+    final synchronize), which lowbit-plan takes as the un-instrumented trace."""
+    return {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k, "ts": 1e6 * k,
+         "dur": 1000.0 * ms, "pid": 0, "tid": 0} for k, ms in enumerate(host_ms)],
+        "lowbit": {"source": "host time per step, timed without a profiler"}}
+
+
 def write_json(path: str, obj, gz: Optional[bool] = None) -> str:
     """Writes ``obj`` as JSON, gzipped when ``path`` ends in .gz (or ``gz``)."""
     gz = path.endswith(".gz") if gz is None else gz

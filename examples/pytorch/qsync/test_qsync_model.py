@@ -126,6 +126,12 @@ class ModelJson(unittest.TestCase):
         self.assertAlmostEqual(rows[0]["mem_err_pct"], -20.0)
         self.assertIn("| m/fp32 | 10.50 | 10.00 | +5.0 |", qm.markdown_table(rows))
 
+    def test_host_trace(self):
+        t = qm.host_trace([2.0, 4.0])
+        steps = [e for e in t["traceEvents"] if e["name"].startswith("ProfilerStep#")]
+        self.assertEqual([e["dur"] for e in steps], [2000.0, 4000.0])
+        self.assertLess(steps[0]["ts"] + steps[0]["dur"], steps[1]["ts"])
+
     def test_json_files(self):
         with tempfile.TemporaryDirectory() as d:
             p = qm.write_json(os.path.join(d, "t.json.gz"), TRACE)
@@ -143,14 +149,43 @@ class ModelJson(unittest.TestCase):
             cluster = qm.write_json(os.path.join(d, "c.json"), qm.cluster_json())
             plan = qm.write_json(os.path.join(d, "p.json"), qm.uniform_plan("fp32"))
             out = os.path.join(d, "pred.json")
-            subprocess.run([os.environ["LOWBIT_PLAN"], "--model", model, "--cluster", cluster,
-                            "--traces", "fp32=" + trace, "--plain-traces", "fp32=" + trace,
-                            "--plan", plan, "--json", out], check=True, capture_output=True)
+            run = [os.environ["LOWBIT_PLAN"], "--model", model, "--cluster", cluster,
+                   "--traces", "fp32=" + trace, "--plan", plan, "--json", out]
+            subprocess.run(run, check=True, capture_output=True)
             pred = qm.read_json(out)["plans"][0]
             # GPU: conv 0.1 + 0.15 (wgrad), relus 0.01 each, tail adam 0.02 = 0.29 ms of
             # kernels; the host (0.91 ms a step, less the 0.09 ms sync) is the bound.
             self.assertAlmostEqual(pred["iteration_ms"], 0.91, places=6)
             self.assertGreater(pred["groups"][0]["memory_gib"], 0)
+            # Host steps timed without a profiler (0.5 ms) replace the host total.
+            host = qm.write_json(os.path.join(d, "h.json"), qm.host_trace([0.5, 0.5]))
+            subprocess.run(run + ["--plain-traces", "fp32=" + host], check=True,
+                           capture_output=True)
+            self.assertAlmostEqual(qm.read_json(out)["plans"][0]["iteration_ms"], 0.5, places=6)
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Smoke(unittest.TestCase):
+    @unittest.skipUnless(_has_torch() and os.environ.get("LOWBIT_PLAN"),
+                         "needs torch and LOWBIT_PLAN")
+    def test_validate_smoke(self):
+        """The whole pipeline on tiny models on the CPU (checks code, measures nothing)."""
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                             "validate.py"),
+                                "--smoke", "--out", d, "--lowbit-plan", os.environ["LOWBIT_PLAN"],
+                                "--iters", "2", "--warmup", "1", "--profile-steps", "1",
+                                "--host-iters", "2"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn("| cnn-b256/mixed-norms |", r.stdout)
+            self.assertTrue(os.path.exists(os.path.join(d, "validation.csv")))
 
 
 if __name__ == "__main__":

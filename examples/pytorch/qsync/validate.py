@@ -11,7 +11,9 @@ seq 512 batch 32, the CNN at batch 1 as the host-bound case) it
 1. records the ops (leaf-module calls, producers, saved bytes at fp32/fp16/bf16,
    indicator statistics) and writes ``OUT/<case>.model.json``;
 2. profiles each precision twice with the stock torch.profiler, with per-op ranges
-   (``traces/<case>_<p>.json.gz``) and without (``traces/<case>_<p>_plain.json.gz``);
+   (``traces/<case>_<p>.json.gz``) and without (``traces/<case>_<p>_plain.json.gz``),
+   and times ``--host-iters`` steps' host side without any profiler
+   (``traces/<case>_<p>_host.json.gz``, the host truth lowbit-plan is given);
 3. writes the plans (uniform fp32/fp16/bf16, two mixed plans by rule, and with
    ``--lowbit-plan`` the allocator's plans at two targets) to ``plans/``;
 4. runs every plan un-instrumented: ``--warmup`` steps, then the median of ``--iters``
@@ -45,7 +47,7 @@ import qsync_model as qm  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MEASURED_FIELDS = ["case", "model", "plan", "batch", "iters", "iter_ms_median", "iter_ms_mean",
-                   "iter_ms_min", "iter_ms_max", "peak_gib", "plan_summary"]
+                   "iter_ms_min", "iter_ms_max", "peak_gib", "host_ms_median", "plan_summary"]
 T0 = time.time()
 
 
@@ -154,19 +156,25 @@ CASES = {
 }
 
 
-def make_case(torch, name, spec, device):
+def make_case(torch, name, spec, device, smoke=False):
+    """The model, on `device`, and its forward-and-loss closure over a fixed batch.
+    `smoke` shrinks everything (a CPU check of the pipeline, not a measurement)."""
     import torch.nn as nn
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    b = spec["batch"]
+    b = min(spec["batch"], 2) if smoke else spec["batch"]
     if spec["model"] == "cnn":
-        model = build_cnn(torch, nn).to(device)
-        x = torch.randn(b, 3, 224, 224, device=device)
-        y = torch.randint(0, 1000, (b,), device=device)
+        side, classes = (64, 10) if smoke else (224, 1000)
+        kw = dict(widths=(8, 16, 16, 32), blocks=(1, 1, 1, 1)) if smoke else {}
+        model = build_cnn(torch, nn, classes=classes, **kw).to(device)
+        x = torch.randn(b, 3, side, side, device=device)
+        y = torch.randint(0, classes, (b,), device=device)
     else:
-        model = build_bert(torch, nn, F, seq=spec["seq"]).to(device)
-        x = torch.randint(0, 30522, (b, spec["seq"]), device=device)
+        seq = 16 if smoke else spec["seq"]
+        kw = dict(layers=2, hidden=32, heads=4, ffn=64, vocab=100) if smoke else {}
+        model = build_bert(torch, nn, F, seq=seq, **kw).to(device)
+        x = torch.randint(0, kw.get("vocab", 30522), (b, seq), device=device)
         y = torch.randint(0, 2, (b,), device=device)
     model.train()
 
@@ -179,40 +187,54 @@ def make_case(torch, name, spec, device):
 # ---------------------------------------------------------------------- run-mode steps
 
 def training_step(torch, model, opt, forward_loss, context):
-    """One training step as profiled and as measured: the same code in both."""
+    """One training step as profiled and as measured: the same code in both. Given a
+    list, `step(host)` appends the host time up to the final synchronize (ms): the host
+    never waits for the GPU before it, so that is the step's host work."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
-    def step():
+    def step(host=None):
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with context():
             loss = forward_loss()
         loss.backward()
         opt.step()
-        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        sync()
+        if host is not None:
+            host.append(1000.0 * (t1 - t0))
 
     return step
 
 
 def new_optimizer(torch, model):
-    return torch.optim.Adam(model.parameters(), lr=1e-5, fused=True)
+    """Adam, fused on CUDA (few launches, no large temporaries)."""
+    return torch.optim.Adam(model.parameters(), lr=1e-5, fused=torch.cuda.is_available())
+
+
+def free_memory(torch):
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_case(torch, args, name, spec, out, measured_rows):
     import export as ex
     from apply_plan import applied_plan
 
-    device = "cuda"
+    device = args.device
     precisions = spec.get("precisions", PRECISIONS)
     if precisions[0] != "fp32":
         raise ValueError("case %s: the fp32 profile (first) gives the model JSON" % name)
-    model, forward_loss = make_case(torch, name, spec, device)
+    model, forward_loss = make_case(torch, name, spec, device, smoke=args.smoke)
     log("%s: %.1fM parameters, batch %d" % (
         name, sum(p.numel() for p in model.parameters()) / 1e6, spec["batch"]))
 
     # 1. ops and saved bytes per precision
-    records = ex.record_ops(model, forward_loss, "fp32", with_stats=True)
+    records = ex.record_ops(model, forward_loss, "fp32", with_stats=True, device_type=device)
     for p in precisions:
         if p != "fp32":
-            ex.merge_saved_bytes(records, ex.record_ops(model, forward_loss, p))
+            ex.merge_saved_bytes(records, ex.record_ops(model, forward_loss, p, device_type=device))
     log("%s: recorded %d ops" % (name, len(records)))
 
     # 2. profiles: instrumented and plain, per precision
@@ -220,7 +242,8 @@ def run_case(torch, args, name, spec, out, measured_rows):
     tdir = os.path.join(out, "traces")
     opt = new_optimizer(torch, model)
     for p in precisions:
-        step = training_step(torch, model, opt, forward_loss, lambda p=p: ex.precision_context(p))
+        step = training_step(torch, model, opt, forward_loss,
+                             lambda p=p: ex.precision_context(p, device))
         for _ in range(2):
             step()  # optimizer state and allocator warm before profiling
         with tempfile.TemporaryDirectory() as tmp:
@@ -238,10 +261,15 @@ def run_case(torch, args, name, spec, out, measured_rows):
             traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
             ex.profile(step, raw, steps=args.profile_steps)
             qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
+        # The profiler itself inflates host time (every op and launch is recorded), so
+        # the host truth comes from steps timed without it.
+        host = []
+        for _ in range(args.host_iters):
+            step(host)
+        qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)), qm.host_trace(host))
         log("%s: profiled %s" % (name, p))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_memory(torch)
     mpath = os.path.join(out, "%s.model.json" % name)
     qm.write_json(mpath, model_json)
 
@@ -260,33 +288,35 @@ def run_case(torch, args, name, spec, out, measured_rows):
 
     # 4. measure every plan un-instrumented
     for pn, pl in plans.items():
-        with applied_plan(model, pl, model_json) as ap:
+        with applied_plan(model, pl, model_json, device_type=device) as ap:
             opt = new_optimizer(torch, model)
             step = training_step(torch, model, opt, forward_loss, ap.step_context)
             for _ in range(args.warmup):
                 step()
-            torch.cuda.reset_peak_memory_stats()
-            times = []
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times, host = [], []
             for _ in range(args.iters):
                 t = time.perf_counter()
-                step()
+                step(host)
                 times.append(1000.0 * (time.perf_counter() - t))
-            peak = torch.cuda.max_memory_allocated() / 2.0 ** 30
+            peak = torch.cuda.max_memory_allocated() / 2.0 ** 30 if cuda else 0.0
             summary = ap.summary()
         del opt, step
-        gc.collect()
-        torch.cuda.empty_cache()
+        free_memory(torch)
         row = {"case": "%s/%s" % (name, pn), "model": name, "plan": pn, "batch": spec["batch"],
                "iters": args.iters, "iter_ms_median": "%.4f" % qm.median(times),
                "iter_ms_mean": "%.4f" % (sum(times) / len(times)),
                "iter_ms_min": "%.4f" % min(times), "iter_ms_max": "%.4f" % max(times),
-               "peak_gib": "%.4f" % peak, "plan_summary": summary}
+               "peak_gib": "%.4f" % peak, "host_ms_median": "%.4f" % qm.median(host),
+               "plan_summary": summary}
         measured_rows.append(row)
         write_measured(out, measured_rows)
         log("%s/%s: median %.2f ms, peak %.2f GiB (%s)" % (
             name, pn, qm.median(times), peak, summary))
     del model
-    torch.cuda.empty_cache()
+    free_memory(torch)
 
 
 def write_measured(out, rows):
@@ -308,9 +338,11 @@ def plan_args(out, name, tmp, precisions=None):
         if not os.path.exists(t):
             continue
         inst.append("%s=%s" % (p, qm.gunzip_to(t, tmp)))
-        plain_gz = os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p))
-        if os.path.exists(plain_gz):
-            plain.append("%s=%s" % (p, qm.gunzip_to(plain_gz, tmp)))
+        for kind in ("host", "plain"):  # host timing without a profiler, if there
+            plain_gz = os.path.join(tdir, "%s_%s_%s.json.gz" % (name, p, kind))
+            if os.path.exists(plain_gz):
+                plain.append("%s=%s" % (p, qm.gunzip_to(plain_gz, tmp)))
+                break
     if not inst:
         raise RuntimeError("no traces for %s under %s" % (name, tdir))
     cluster = qm.write_json(os.path.join(tmp, "cluster.json"), qm.cluster_json("H200"))
@@ -394,14 +426,18 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=20, help="timed iterations per plan (>= 20)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps per trace")
+    ap.add_argument("--host-iters", type=int, default=10,
+                    help="steps timed without a profiler for the host time per precision")
     ap.add_argument("--predict", action="store_true", help="only run lowbit-plan on OUT")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny models on the CPU: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
     unknown = [c for c in a.cases.split(",") if c not in CASES]
     if unknown:
         ap.error("unknown case(s): " + ", ".join(unknown))
     if a.lowbit_plan and not os.access(a.lowbit_plan, os.X_OK):
         ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
-    if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1:
+    if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1 or a.host_iters < 1:
         ap.error("--iters, --profile-steps must be positive, --warmup non-negative")
     return a
 
@@ -417,14 +453,16 @@ def main(argv=None):
         print("validate.py: torch is not installed (use --predict to only predict)",
               file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("validate.py: no CUDA device", file=sys.stderr)
+    args.device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        print("validate.py: no CUDA device (--smoke checks the pipeline on the CPU)",
+              file=sys.stderr)
         return 2
     torch.backends.cudnn.benchmark = False
     for d in ("traces", "plans"):
         os.makedirs(os.path.join(args.out, d), exist_ok=True)
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda,
-           "gpu": torch.cuda.get_device_name(0), "argv": sys.argv}
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (smoke)"}
     try:  # reported, not changed: "fp32" convolutions use TF32 by PyTorch's default
         env["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
         env["matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
