@@ -84,6 +84,15 @@ TEST_CASE("add_profile: op GPU and host times, the measured tail, overhead from 
   REQUIRE(u.find_host("b", precision::fp16)->backward_ms == Approx(0.030));
   REQUIRE(u.find_host("a", precision::fp16)->backward_ms == Approx(0.020));
   REQUIRE(u.find_tail(precision::fp16)->cpu_ms == Approx(0.800 - 0.270));
+  // 0.48 ms of excess over 0.35 ms of op ranges: the ops get nothing, the tail the rest.
+  const json faster = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 400, "pid": 1, "tid": 1}]})");
+  measured_table v;
+  add_profile(v, tr, precision::fp16, g, &faster);
+  REQUIRE(v.find_host("a", precision::fp16)->forward_ms == 0.0);
+  REQUIRE(v.find_tail(precision::fp16)->cpu_ms == Approx(0.400));
+  // Uneven ranges: one cost per range, none below zero, the sum kept (0.35 - 0.28).
+  REQUIRE(detail::water_level({{0.15, 1}, {0.11, 1}, {0.05, 1}, {0.04, 1}}, 0.07) == Approx(0.075));
 }
 
 TEST_CASE("the CPU chain uses measured host times and the tail's host time") {
@@ -231,3 +240,41 @@ TEST_CASE("a given plan is read, resolved and predicted") {
   REQUIRE(j["groups"][0]["memory"]["weight_copies"].get<double>() > 0);
   REQUIRE(j["iteration_ms"].get<double>() == Approx(sim.evaluate(p).iteration_ms()));
 }
+
+#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+TEST_CASE("a real PyTorch 2.11 trace (CPU, gzipped): ranges per op, host times, the tail") {
+  // examples/pytorch/qsync/make_test_traces.py: a 3-layer MLP (ops "0", "1", "2"), two
+  // profiled steps with ranges, two without. On the CPU autograd runs on the main thread
+  // and there are no kernels: GPU times are 0, host times are what is checked.
+  const training_model m = model_from_json(read_json_file(data_dir + "/qsync_real_cpu_model.json"));
+  REQUIRE(m.graph.size() == 3);
+  REQUIRE(m.graph.at(1).inputs == std::vector<std::string>{"0"});
+  const json trace = read_json_file(data_dir + "/qsync_real_cpu_trace.json.gz");
+  const json plain = read_json_file(data_dir + "/qsync_real_cpu_plain.json.gz");
+  const trace_ranges r = read_trace_ranges(trace);
+  REQUIRE(r.iterations == 2);
+  for (const char* n : {"0", "1", "2", "0.backward", "1.backward", "2.backward"})
+    REQUIRE(r.occurrences.at(n) == 2);
+  REQUIRE(r.host_ms == Approx(85.783465));
+  // "0" from the end of the optimizer's zero_grad range before it; "2.backward" from the
+  // end of "2" (the loss and its backward in between are host time of the first backward).
+  REQUIRE(r.cpu_ms.at("0") == Approx(7.48931640625));
+  REQUIRE(r.cpu_ms.at("2.backward") == Approx(54.199587890625));
+  measured_table t;
+  const auto skipped = add_profile(t, trace, precision::fp32, m.graph, &plain);
+  REQUIRE(std::find(skipped.begin(), skipped.end(), "Optimizer.step#SGD.step") != skipped.end());
+  const tail_time* tail = t.find_tail(precision::fp32);
+  REQUIRE(tail != nullptr);
+  REQUIRE(tail->gpu_ms == Approx(0.0));
+  double ops = 0;
+  for (const char* n : {"0", "1", "2"}) {
+    REQUIRE(t.find(n, precision::fp32)->forward_ms == 0.0);  // measured: no kernels
+    ops +=
+        t.find_host(n, precision::fp32)->forward_ms + t.find_host(n, precision::fp32)->backward_ms;
+  }
+  const double h_plain = read_trace_ranges(plain).host_ms;
+  REQUIRE(h_plain == Approx(63.978363));
+  REQUIRE(tail->cpu_ms >= 0);
+  REQUIRE(ops + tail->cpu_ms == Approx(h_plain));  // the plain host time, split
+}
+#endif

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+#include <zlib.h>
+#endif
 
 #include "lowbit/core/error.hpp"
 #include "lowbit/qsync/cost_model.hpp"
@@ -282,15 +287,37 @@ inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
   return std::max(0.0, r.kernel_ms - ops);
 }
 
+namespace detail {
+// The per-range overhead c with sum_i w_i max(0, x_i - c) = target (0 <= target <=
+// sum w_i x_i): every range loses the same instrumentation cost, none below zero.
+inline double water_level(const std::vector<std::pair<double, double>>& xw, double target) {
+  auto left = [&](double c) {
+    double s = 0;
+    for (const auto& [x, w] : xw) s += w * std::max(0.0, x - c);
+    return s;
+  };
+  double lo = 0, hi = 0;
+  for (const auto& [x, w] : xw) hi = std::max(hi, x);
+  for (int k = 0; k < 200 && hi - lo > 1e-12 * std::max(1.0, hi); ++k) {
+    const double mid = 0.5 * (lo + hi);
+    (left(mid) > target ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+}  // namespace detail
+
 /// Adds one profile at precision `p` to `table`: every op's GPU time (as
 /// measured_from_trace), its host time, and the iteration's tail (kernels no op launched,
 /// host time outside every op). The instrumented trace's ranges inflate host time (each
-/// range adds its hooks and record_function calls), so when `plain` is given, an
-/// un-instrumented trace of the same program (same loop, no ranges), the overhead is
-/// taken out: its per-iteration host time is the truth, and the instrumented excess over
-/// it is spread evenly over the op ranges, `c = (H_instr - H_plain) / ranges per
-/// iteration`, each op's host time less `c` (never below 0), the tail what is left of
-/// `H_plain`. Returns the names of ranges that are not ops of `graph`.
+/// range adds its hooks and record_function calls), so when `plain` is given, a trace of
+/// the same loop without ranges (or one holding only ProfilerStep ranges of host times
+/// measured without a profiler), its host time per iteration `H_plain` is the truth and
+/// the excess `E = H_instr - H_plain` is taken off the op ranges as one cost per range,
+/// `c` with `sum max(0, x_i - c) = sum x_i - E`, none below 0; the tail keeps its
+/// measured host time. When E exceeds all op ranges' host time, ops get 0 and the tail
+/// `H_plain`; when E < 0 (noise), op times stay and the tail is what is left of
+/// `H_plain` (never below 0). Op and tail host times then add up to `H_plain`. Returns
+/// the names of ranges that are not ops of `graph`.
 inline std::vector<std::string> add_profile(measured_table& table, const nlohmann::json& trace,
                                             precision p, const op_graph& graph,
                                             const nlohmann::json* plain = nullptr) {
@@ -298,42 +325,78 @@ inline std::vector<std::string> add_profile(measured_table& table, const nlohman
   table = measured_from_trace(trace, p, graph, &skipped, std::move(table));
   const trace_ranges r = read_trace_ranges(trace);
   const double iterations = std::max(r.iterations, 1);
-  double per_iteration = 0;  // op ranges per iteration
+  std::vector<std::pair<double, double>> xw;  // op ranges' host time, per-iteration count
+  double ops_host = 0;
   for (const auto& [name, ms] : r.cpu_ms)
-    if (graph.find(detail::op_of_range(name).first)) per_iteration += r.occurrences.at(name);
-  per_iteration /= iterations;
-  double host = r.host_ms, overhead = 0;
+    if (graph.find(detail::op_of_range(name).first)) {
+      xw.push_back({ms, r.occurrences.at(name) / iterations});
+      ops_host += ms * xw.back().second;
+    }
+  double overhead = 0, tail_host = r.host_ms >= 0 ? std::max(0.0, r.host_ms - ops_host) : -1.0;
   if (plain) {
     const trace_ranges q = read_trace_ranges(*plain);
     LOWBIT_EXPECTS(q.host_ms >= 0, "the un-instrumented trace has no ProfilerStep ranges");
-    if (host >= 0 && per_iteration > 0)
-      overhead = std::max(0.0, (host - q.host_ms) / per_iteration);
-    host = q.host_ms;
+    const double excess = r.host_ms >= 0 ? r.host_ms - q.host_ms : 0.0;
+    if (excess >= ops_host) {
+      overhead = std::numeric_limits<double>::infinity();
+      tail_host = q.host_ms;
+    } else if (excess > 0) {
+      overhead = detail::water_level(xw, ops_host - excess);
+      tail_host = q.host_ms - (ops_host - excess);
+    } else {
+      tail_host = std::max(0.0, q.host_ms - ops_host);
+    }
   }
   std::map<std::string, op_time> found;
-  double ops_host = 0;
   for (const auto& [name, ms] : r.cpu_ms) {
     const auto [base, bwd] = detail::op_of_range(name);
     if (!graph.find(base)) continue;
-    const double v = std::max(0.0, ms - overhead);
-    ops_host += v * r.occurrences.at(name) / iterations;
     auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
-    (bwd ? it->second.backward_ms : it->second.forward_ms) = v;
+    (bwd ? it->second.backward_ms : it->second.forward_ms) = std::max(0.0, ms - overhead);
   }
   for (const auto& [name, t] : found) table.set_host(name, p, t);
-  table.set_tail(p, {tail_ms(r, graph), host >= 0 ? std::max(0.0, host - ops_host) : -1.0});
+  table.set_tail(p, {tail_ms(r, graph), tail_host});
   return skipped;
 }
 
-/// Parses a JSON file; throws invalid_argument naming the file (and the byte where the
-/// JSON breaks) when it cannot be read or parsed.
-inline nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
+/// The bytes of a file; a `.gz` file is decompressed when the including code defines
+/// LOWBIT_QSYNC_WITH_ZLIB and links zlib (profiler traces are large and PyTorch writes
+/// them gzipped when asked), else reading one is an error that says so.
+inline std::string read_file_text(const std::string& path) {
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (gz) {
+#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+    gzFile f = gzopen(path.c_str(), "rb");
+    LOWBIT_EXPECTS(f != nullptr, "cannot open '" + path + "'");
+    std::string out;
+    std::vector<char> buf(1 << 16);
+    int n = 0;
+    while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0)
+      out.append(buf.data(), static_cast<std::size_t>(n));
+    int code = 0;
+    const std::string why = n < 0 ? gzerror(f, &code) : "";
+    gzclose(f);
+    LOWBIT_EXPECTS(n == 0, "cannot decompress '" + path + "': " + why);
+    return out;
+#else
+    LOWBIT_EXPECTS(false, "'" + path +
+                              "' is gzipped: this build reads .gz only with zlib "
+                              "(LOWBIT_QSYNC_WITH_ZLIB); gunzip it first");
+#endif
+  }
+  std::ifstream in(path, std::ios::binary);
   LOWBIT_EXPECTS(in.good(), "cannot open '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Parses a JSON file (gzipped too, see read_file_text); throws invalid_argument naming
+/// the file (and the byte where the JSON breaks) when it cannot be read or parsed.
+inline nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_file_text(path);
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     LOWBIT_EXPECTS(false, "malformed JSON in '" + path + "' at byte " + std::to_string(e.byte) +
                               ": " + e.what());
