@@ -91,8 +91,8 @@ TEST_CASE("add_profile: op GPU and host times, the measured tail, overhead from 
   add_profile(v, tr, precision::fp16, g, &faster);
   REQUIRE(v.find_host("a", precision::fp16)->forward_ms == 0.0);
   REQUIRE(v.find_tail(precision::fp16)->cpu_ms == Approx(0.400));
-  // Uneven ranges: one cost per range, none below zero, the sum kept (0.35 - 0.28).
-  REQUIRE(detail::water_level({{0.15, 1}, {0.11, 1}, {0.05, 1}, {0.04, 1}}, 0.07) == Approx(0.075));
+  // Uneven ranges: one cost per range, none below zero: (0.15 - c) + (0.11 - c) = 0.07.
+  REQUIRE(detail::water_level({{0.15, 1}, {0.11, 1}, {0.05, 1}, {0.04, 1}}, 0.07) == Approx(0.095));
 }
 
 TEST_CASE("the CPU chain uses measured host times and the tail's host time") {
