@@ -2,9 +2,11 @@
 
 The whole step runs under the plan's ambient precision (the one most parameter ops
 take: autocast at fp16/bf16, nothing at fp32), exactly as a uniform profile ran, and
-only the ops whose precision differs are wrapped, per call:
+only the ops whose precision differs, or whose input comes at another precision, are
+wrapped, per call (qsync_model.ops_to_wrap):
 
-- a 16-bit op runs under ``torch.autocast(dtype)``;
+- a 16-bit op runs under ``torch.autocast(dtype)`` with its floating inputs cast to
+  that dtype (a norm is on none of autocast's lists and would follow an fp32 input);
 - an fp32 op turns autocast off and casts its floating inputs to fp32;
 - parameter-free ops are not wrapped: without autocast a PyTorch op keeps its input's
   dtype, which is lowbit's rule that they follow their input.
@@ -20,18 +22,19 @@ from typing import Dict
 import torch
 
 from export import DTYPES, _Calls, leaf_modules, precision_context
-from qsync_model import ambient_precision, module_of, plan_precisions
+from qsync_model import ambient_precision, module_of, ops_to_wrap, plan_precisions
 
 
-def _to_fp32(x):
+def _cast(x, dtype):
+    """Floating tensors in `x` (nested in tuples, lists, dicts) at `dtype`."""
     if isinstance(x, torch.Tensor):
-        return x.float() if x.is_floating_point() and x.dtype != torch.float32 else x
+        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
     if isinstance(x, tuple):
-        return tuple(_to_fp32(y) for y in x)
+        return tuple(_cast(y, dtype) for y in x)
     if isinstance(x, list):
-        return [_to_fp32(y) for y in x]
+        return [_cast(y, dtype) for y in x]
     if isinstance(x, dict):
-        return {k: _to_fp32(v) for k, v in x.items()}
+        return {k: _cast(v, dtype) for k, v in x.items()}
     return x
 
 
@@ -44,6 +47,7 @@ class applied_plan:
         self.model, self.device_type = model, device_type
         self.per_op: Dict[str, str] = plan_precisions(plan, model_json)
         self.ambient = ambient_precision(self.per_op)
+        self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)
         modules = dict(model.named_modules())
         unknown = [op for op in self.per_op if module_of(op) not in modules]
         if unknown:
@@ -57,8 +61,8 @@ class applied_plan:
         counts: Dict[str, int] = {}
         for p in self.per_op.values():
             counts[p] = counts.get(p, 0) + 1
-        return "ambient %s; %s" % (self.ambient, ", ".join(
-            "%s=%d" % kv for kv in sorted(counts.items())))
+        return "ambient %s; %s; %d wrapped" % (self.ambient, " ".join(
+            "%s=%d" % kv for kv in sorted(counts.items())), len(self.wrapped))
 
     def __enter__(self):
         self.calls = _Calls(self.model)
@@ -72,22 +76,22 @@ class applied_plan:
 
         def pre(mod, args, kwargs):
             op = self.calls.next(mod, name)
-            p = self.per_op.get(op)
-            if p is None or p == self.ambient:
+            p = self.wrapped.get(op)
+            if p is None:
                 stack.append(None)
                 return None
+            if p not in DTYPES:
+                raise ValueError("op %r: precision %r cannot be applied by autocast" % (op, p))
             if p == "fp32":
                 ctx = torch.autocast(self.device_type, enabled=False)
-                ctx.__enter__()
-                stack.append(ctx)
-                return _to_fp32(args), _to_fp32(kwargs)
-            if p in DTYPES:
-                ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
             else:
-                raise ValueError("op %r: precision %r cannot be applied by autocast" % (op, p))
+                ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
             ctx.__enter__()
             stack.append(ctx)
-            return None
+            # Inputs at the op's precision, as in the uniform profile: autocast would cast
+            # a conv's or linear's anyway, but a norm (not on autocast's lists) follows
+            # its input and would stay at fp32 after an fp32 op otherwise.
+            return _cast(args, DTYPES[p]), _cast(kwargs, DTYPES[p])
 
         def post(mod, args, kwargs, out):
             ctx = stack.pop() if stack else None

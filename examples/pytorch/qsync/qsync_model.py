@@ -197,6 +197,36 @@ def plan_precisions(plan: dict, model: dict) -> Dict[str, str]:
     return {o["name"]: ops.get(o["name"], default) for o in model["ops"] if o["param_numel"] > 0}
 
 
+def resolve_precisions(per_op: Dict[str, str], model: dict) -> Dict[str, str]:
+    """Every op's precision, lowbit's way: ops with parameters as `per_op` says (fp32
+    when absent), parameter-free ops their first input's (fp32 for graph inputs)."""
+    out: Dict[str, str] = {}
+    for o in model["ops"]:
+        if o["param_numel"] > 0:
+            out[o["name"]] = per_op.get(o["name"], "fp32")
+        else:
+            ins = [i for i in o.get("inputs", []) if i in out]
+            out[o["name"]] = out[ins[0]] if ins else "fp32"
+    return out
+
+
+def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, str]:
+    """The ops with parameters the plan applier must wrap: those at another precision
+    than the ambient one, and those fed by an op at another precision than their own
+    (their inputs are cast; a norm would follow its input otherwise). A uniform plan
+    wraps nothing, so it runs the profiled program."""
+    resolved = resolve_precisions(per_op, model)
+    out = {}
+    for o in model["ops"]:
+        n = o["name"]
+        if o["param_numel"] <= 0:
+            continue
+        fed = any(resolved.get(i, "fp32") != resolved[n] for i in o.get("inputs", []))
+        if resolved[n] != ambient or fed:
+            out[n] = resolved[n]
+    return out
+
+
 def ambient_precision(precisions: Dict[str, str]) -> str:
     """The precision most parameters' ops run at: the plan applier runs the whole step
     under it (autocast for 16 bits) and wraps only the ops that differ."""

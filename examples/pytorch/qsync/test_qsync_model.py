@@ -115,6 +115,16 @@ class ModelJson(unittest.TestCase):
         self.assertEqual(qm.plan_precisions({"groups": [{"ops": {"conv": "fp16"}}]}, m),
                          {"conv": "fp16"})
         self.assertEqual(qm.ambient_precision({"a": "bf16", "b": "bf16", "c": "fp32"}), "bf16")
+        recs = dict(RECORDS, fc={"module_class": "Linear", "param_numel": 10, "order": 3,
+                                 "inputs": ["relu#2"]})
+        m2 = qm.model_json(recs, "tiny")
+        self.assertEqual(qm.resolve_precisions({"conv": "fp32", "fc": "bf16"}, m2),
+                         {"conv": "fp32", "relu": "fp32", "relu#2": "fp32", "fc": "bf16"})
+        # fc is at the ambient bf16 but fed fp32 (through the ReLUs): wrapped to cast.
+        self.assertEqual(qm.ops_to_wrap({"conv": "fp32", "fc": "bf16"}, m2, "bf16"),
+                         {"conv": "fp32", "fc": "bf16"})
+        self.assertEqual(qm.ops_to_wrap({"conv": "bf16", "fc": "bf16"}, m2, "bf16"), {})
+        self.assertEqual(qm.ops_to_wrap({"conv": "fp32", "fc": "fp32"}, m2, "fp32"), {})
         self.assertEqual(qm.ambient_precision({}), "fp32")
 
     def test_table(self):
