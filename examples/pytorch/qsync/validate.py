@@ -213,12 +213,15 @@ def new_optimizer(torch, model):
 
 
 def free_memory(torch):
+    """Returns what the last run held to the allocator, so the next peak is its own."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 def run_case(torch, args, name, spec, out, measured_rows):
+    """Steps 1-4 of the module docstring for one case; appends to measured_rows and
+    rewrites measured.csv after every plan, so a failure keeps what was measured."""
     import export as ex
     from apply_plan import applied_plan
 
@@ -320,6 +323,7 @@ def run_case(torch, args, name, spec, out, measured_rows):
 
 
 def write_measured(out, rows):
+    """OUT/measured.csv, one row per case (model/plan)."""
     with open(os.path.join(out, "measured.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=MEASURED_FIELDS)
         w.writeheader()
@@ -354,6 +358,7 @@ def plan_args(out, name, tmp, precisions=None):
 
 
 def lowbit_plan(binary, argv):
+    """Runs lowbit-plan; its failure (with its message) is this script's error."""
     r = subprocess.run([binary] + argv, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("lowbit-plan %s failed (%d): %s" % (" ".join(argv), r.returncode,
@@ -419,6 +424,7 @@ def predict(args):
 # ------------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lowbit-plan", default="", help="path of the built lowbit-plan binary")
@@ -443,6 +449,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """Run mode, or --predict; returns the exit status."""
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.predict:
