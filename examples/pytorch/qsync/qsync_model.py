@@ -296,10 +296,15 @@ def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured if measured else float("nan")
 
 
+TIME_TARGET_PCT, HOST_BOUND_TARGET_PCT, MEMORY_TARGET_PCT = 5.0, 15.0, 10.0
+
+
 def validation_rows(predicted: Dict[str, dict], measured: List[dict]) -> List[dict]:
     """Joins predictions (case -> {"iteration_ms", "memory_gib"}) with measured rows
-    (measured.csv: case, iter_ms_median, peak_gib, ...) into the validation table's rows:
-    case, predicted and measured time and memory, errors in percent."""
+    (measured.csv: case, batch, iter_ms_median, peak_gib, ...) into the validation
+    table's rows: case, predicted and measured time and memory, errors in percent, and
+    whether each is within its target (time 5%, 15% at batch 1, the host-bound case;
+    memory 10%)."""
     rows = []
     for m in measured:
         case = m["case"]
@@ -307,19 +312,23 @@ def validation_rows(predicted: Dict[str, dict], measured: List[dict]) -> List[di
             continue
         p = predicted[case]
         t, mem = float(m["iter_ms_median"]), float(m["peak_gib"])
+        te, me = error_pct(p["iteration_ms"], t), error_pct(p["memory_gib"], mem)
+        target = HOST_BOUND_TARGET_PCT if int(m.get("batch", 0) or 0) == 1 else TIME_TARGET_PCT
         rows.append({"case": case, "pred_ms": p["iteration_ms"], "meas_ms": t,
-                     "time_err_pct": error_pct(p["iteration_ms"], t),
-                     "pred_gib": p["memory_gib"], "meas_gib": mem,
-                     "mem_err_pct": error_pct(p["memory_gib"], mem)})
+                     "time_err_pct": te, "time_target_pct": target,
+                     "time_ok": abs(te) <= target, "pred_gib": p["memory_gib"], "meas_gib": mem,
+                     "mem_err_pct": me, "mem_ok": abs(me) <= MEMORY_TARGET_PCT})
     return rows
 
 
 def markdown_table(rows: List[dict]) -> str:
     """The validation table as markdown (the form docs/qsync.md takes)."""
-    out = ["| case | predicted ms | measured ms | error % | predicted GiB | measured GiB "
-           "| error % |", "|---|---|---|---|---|---|---|"]
+    out = ["| case | predicted ms | measured ms | error % | within | predicted GiB "
+           "| measured GiB | error % | within |", "|---|---|---|---|---|---|---|---|---|"]
+    yes = lambda ok, pct: ("yes" if ok else "no") + " (%g%%)" % pct  # noqa: E731
     for r in rows:
-        out.append("| %s | %.2f | %.2f | %+.1f | %.2f | %.2f | %+.1f |" % (
-            r["case"], r["pred_ms"], r["meas_ms"], r["time_err_pct"], r["pred_gib"],
-            r["meas_gib"], r["mem_err_pct"]))
+        out.append("| %s | %.2f | %.2f | %+.1f | %s | %.2f | %.2f | %+.1f | %s |" % (
+            r["case"], r["pred_ms"], r["meas_ms"], r["time_err_pct"],
+            yes(r["time_ok"], r["time_target_pct"]), r["pred_gib"], r["meas_gib"],
+            r["mem_err_pct"], yes(r["mem_ok"], MEMORY_TARGET_PCT)))
     return "\n".join(out)

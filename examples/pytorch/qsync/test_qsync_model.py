@@ -128,13 +128,22 @@ class ModelJson(unittest.TestCase):
         self.assertEqual(qm.ambient_precision({}), "fp32")
 
     def test_table(self):
-        rows = qm.validation_rows({"m/fp32": {"iteration_ms": 10.5, "memory_gib": 2.0}},
-                                  [{"case": "m/fp32", "iter_ms_median": "10", "peak_gib": "2.5"},
-                                   {"case": "m/x", "iter_ms_median": "1", "peak_gib": "1"}])
-        self.assertEqual(len(rows), 1)
-        self.assertAlmostEqual(rows[0]["time_err_pct"], 5.0)
+        pred = {"m/fp32": {"iteration_ms": 10.6, "memory_gib": 2.0},
+                "b1/fp32": {"iteration_ms": 11.0, "memory_gib": 1.0}}
+        rows = qm.validation_rows(pred, [
+            {"case": "m/fp32", "batch": "256", "iter_ms_median": "10", "peak_gib": "2.5"},
+            {"case": "b1/fp32", "batch": "1", "iter_ms_median": "10", "peak_gib": "1"},
+            {"case": "m/x", "batch": "256", "iter_ms_median": "1", "peak_gib": "1"}])
+        self.assertEqual(len(rows), 2)
+        self.assertAlmostEqual(rows[0]["time_err_pct"], 6.0)
+        self.assertFalse(rows[0]["time_ok"])  # 5% target
+        self.assertTrue(rows[1]["time_ok"])  # host-bound: 15%
         self.assertAlmostEqual(rows[0]["mem_err_pct"], -20.0)
-        self.assertIn("| m/fp32 | 10.50 | 10.00 | +5.0 |", qm.markdown_table(rows))
+        self.assertFalse(rows[0]["mem_ok"])
+        table = qm.markdown_table(rows)
+        self.assertIn("| m/fp32 | 10.60 | 10.00 | +6.0 | no (5%) | 2.00 | 2.50 | -20.0 | no (10%) |",
+                      table)
+        self.assertIn("| b1/fp32 | 11.00 | 10.00 | +10.0 | yes (15%) |", table)
 
     def test_host_trace(self):
         t = qm.host_trace([2.0, 4.0])

@@ -332,29 +332,38 @@ def write_measured(out, rows):
 
 # ------------------------------------------------------------------- lowbit-plan calls
 
-def plan_args(out, name, tmp, precisions=None):
-    """lowbit-plan's model, cluster and trace arguments for case `name` (traces
-    gunzipped into `tmp`)."""
+def plan_args(out, name, tmp, precisions=None, gz=False):
+    """lowbit-plan's model, cluster and trace arguments for case `name`: the gzipped
+    traces as they are when the binary reads .gz (`gz`), else plain copies in `tmp`."""
     tdir = os.path.join(out, "traces")
+    use = (lambda t: t) if gz else (lambda t: qm.gunzip_to(t, tmp))
     inst, plain = [], []
     for p in precisions or PRECISIONS:
         t = os.path.join(tdir, "%s_%s.json.gz" % (name, p))
         if not os.path.exists(t):
             continue
-        inst.append("%s=%s" % (p, qm.gunzip_to(t, tmp)))
+        inst.append("%s=%s" % (p, use(t)))
         for kind in ("host", "plain"):  # host timing without a profiler, if there
             plain_gz = os.path.join(tdir, "%s_%s_%s.json.gz" % (name, p, kind))
             if os.path.exists(plain_gz):
-                plain.append("%s=%s" % (p, qm.gunzip_to(plain_gz, tmp)))
+                plain.append("%s=%s" % (p, use(plain_gz)))
                 break
     if not inst:
         raise RuntimeError("no traces for %s under %s" % (name, tdir))
-    cluster = qm.write_json(os.path.join(tmp, "cluster.json"), qm.cluster_json("H200"))
+    cluster = qm.write_json(os.path.join(out, "cluster.json"), qm.cluster_json("H200"))
     a = ["--model", os.path.join(out, "%s.model.json" % name), "--cluster", cluster,
          "--traces", ",".join(inst)]
     if plain:
         a += ["--plain-traces", ",".join(plain)]
     return a
+
+
+def reads_gz(binary, out, name):
+    """True when `binary` reads gzipped traces (built with zlib)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = qm.write_json(os.path.join(tmp, "p.json"), qm.uniform_plan("fp32"))
+        argv = plan_args(out, name, tmp, gz=True) + ["--plan", plan]
+        return subprocess.run([binary] + argv, capture_output=True).returncode == 0
 
 
 def lowbit_plan(binary, argv):
@@ -372,7 +381,7 @@ def allocator_plans(args, name, out, pdir):
     os.makedirs(pdir, exist_ok=True)
     plans = {}
     with tempfile.TemporaryDirectory() as tmp:
-        base = plan_args(out, name, tmp)
+        base = plan_args(out, name, tmp, gz=reads_gz(args.lowbit_plan, out, name))
         pred = os.path.join(tmp, "pred.json")
         lowbit_plan(args.lowbit_plan, base + ["--json", pred])
         rows = {p["name"]: p["iteration_ms"] for p in qm.read_json(pred)["plans"]}
@@ -395,12 +404,15 @@ def predict(args):
     with open(os.path.join(args.out, "measured.csv")) as f:
         measured = list(csv.DictReader(f))
     predicted, commands = {}, []
+    pdir = os.path.join(args.out, "predicted")
+    os.makedirs(pdir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in dict.fromkeys(m["model"] for m in measured):
-            base = plan_args(args.out, name, tmp)
+            gz = reads_gz(args.lowbit_plan, args.out, name)
+            base = plan_args(args.out, name, tmp, gz=gz)
             for m in (m for m in measured if m["model"] == name):
                 plan = os.path.join(args.out, "plans", "%s_%s.json" % (name, m["plan"]))
-                pred = os.path.join(tmp, "p.json")
+                pred = os.path.join(pdir, "%s_%s.json" % (name, m["plan"]))
                 argv = base + ["--plan", plan, "--json", pred]
                 lowbit_plan(args.lowbit_plan, argv)
                 commands.append("lowbit-plan " + " ".join(argv))
