@@ -3,6 +3,7 @@
 //
 // Exit codes: 0 a plan was written, 2 bad input (the message names the place), 1 any
 // other failure.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -10,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -30,7 +32,16 @@ device's memory.
 options:
   --model NAME|FILE     resnet50 (default), bert-base, or a model JSON file
   --cluster NAME|FILE   t4v100 (default: 4x T4 + 4x V100, 25 Gb/s Ethernet),
-                        h200x2 (2x H200, NVLink), or a cluster JSON file
+                        h200x2 (2x H200, NVLink), a device name alone (H200: one
+                        GPU), or a cluster JSON file
+  --traces LIST         profiles of the cluster's one device group, one per precision:
+                        fp32=a.json,bf16=b.json (PyTorch-profiler traces with a
+                        range per op); op times, host times and the iteration's tail
+  --plain-traces LIST   un-instrumented traces of the same loops, fp32=a0.json,...:
+                        their host time per iteration corrects the ranges' overhead
+  --plan FILE           predict this plan instead of choosing one (plan JSON as
+                        --out writes it, or {"default": "bf16", "ops": {...}})
+  --json FILE           write predicted time and memory per device as JSON
   --batch N             per-GPU batch of a built-in model (resnet50: 32, bert-base: 8)
   --seq N               sequence length of bert-base (default 384)
   --target-ms X         iteration-time target; default: the fastest device type's
@@ -64,6 +75,7 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string model = "resnet50", cluster_name = "t4v100", out, solver = "greedy";
+  std::string traces, plain_traces, plan_file, json_out;
   int batch = 0, seq = 384;
   double target_ms = 0;
   std::vector<int> comm_bits = {4, 8, 16, 32};
@@ -131,6 +143,14 @@ options parse_args(int argc, char** argv) {
         o.nodes.push_back(static_cast<int>(to_number(a, item)));
     } else if (a == "--out") {
       o.out = value();
+    } else if (a == "--traces") {
+      o.traces = value();
+    } else if (a == "--plain-traces") {
+      o.plain_traces = value();
+    } else if (a == "--plan") {
+      o.plan_file = value();
+    } else if (a == "--json") {
+      o.json_out = value();
     } else if (a == "--all-ops") {
       o.all_ops = true;
     } else {
@@ -156,13 +176,56 @@ training_model load_model(const options& o) {
   return builtin_model(o.model);  // throws, listing the built-ins
 }
 
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
 cluster load_cluster(const options& o, const op_graph& g) {
-  if (is_json_file(o.cluster_name))
-    return cluster_from_json(read_json_file(o.cluster_name), g, dir_of(o.cluster_name));
-  return builtin_cluster(o.cluster_name);
+  cluster c = is_json_file(o.cluster_name)
+                  ? cluster_from_json(read_json_file(o.cluster_name), g, dir_of(o.cluster_name))
+                  : builtin_cluster(o.cluster_name);
+  if (!o.plain_traces.empty() && o.traces.empty())
+    throw usage_error("--plain-traces needs --traces");
+  if (o.traces.empty()) return c;
+  if (c.groups.size() != 1)
+    throw usage_error("--traces profiles one device group; cluster '" + c.name + "' has " +
+                      std::to_string(c.groups.size()) + " (give each group's \"trace\" list in " +
+                      "the cluster JSON)");
+  std::vector<profile_files> profiles = parse_profile_list(o.traces);
+  if (!o.plain_traces.empty()) add_plain_traces(profiles, o.plain_traces);
+  load_profiles(c.groups[0].measured, profiles, g, "");
+  return c;
 }
 
-constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+// Writes `{"model", "cluster", "plans": [...]}` to `path`.
+void write_predictions(const std::string& path, const simulator& sim,
+                       const std::vector<std::pair<std::string, evaluation>>& plans) {
+  nlohmann::ordered_json j;
+  j["model"] = sim.model().name;
+  j["cluster"] = sim.hardware().name;
+  j["plans"] = nlohmann::ordered_json::array();
+  for (const auto& [name, e] : plans) j["plans"].push_back(evaluation_to_json(sim, name, e));
+  std::ofstream out(path);
+  if (!out) throw usage_error("cannot write '" + path + "'");
+  out << j.dump(2) << "\n";
+  std::printf("  predictions written to %s\n", path.c_str());
+}
+
+// --plan: predicts the given plan and prints its time and memory per device group.
+int predict_given(const options& o, const simulator& sim) {
+  const plan pl = plan_from_json(sim, read_json_file(o.plan_file));
+  const evaluation e = sim.evaluate(pl);
+  std::printf("  plan %s: %.3f ms per iteration\n", o.plan_file.c_str(), e.iteration_ms());
+  for (std::size_t g = 0; g < sim.group_count(); ++g) {
+    const memory_breakdown& m = e.groups[g].memory;
+    std::printf(
+        "  %-8s %9.3f ms  %7.3f GiB (weights %.3f, gradients %.3f, optimizer %.3f, activations "
+        "%.3f, weight copies %.3f, workspace %.3f)%s\n",
+        sim.hardware().groups[g].device.name.c_str(), e.times.device_ms[g], m.total() / gib,
+        m.weights / gib, m.gradients / gib, m.optimizer / gib, m.activations / gib,
+        m.weight_copies / gib, m.workspace / gib, e.groups[g].fits ? "" : " (does not fit)");
+  }
+  if (!o.json_out.empty()) write_predictions(o.json_out, sim, {{o.plan_file, e}});
+  return 0;
+}
 
 void print_row(const simulator& sim, const std::string& label, const evaluation& e) {
   std::printf("  %-34s %10.2f", label.c_str(), e.iteration_ms());
@@ -222,6 +285,7 @@ int run(const options& o) {
         hw.inter_link.bandwidth_gbs);
   std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
               decisions, g.total_params() / 1e6, sim.buckets().size());
+  if (!o.plan_file.empty()) return predict_given(o, sim);
 
   const double target = o.target_ms > 0 ? o.target_ms : default_target_ms(sim, o.comm_bits);
   const allocation_problem pb(sim, indicator_scores(sim, o.comm_bits), o.comm_bits, target);
@@ -233,12 +297,20 @@ int run(const options& o) {
   for (const auto& grp : hw.groups) std::printf(" %9s", (grp.device.name + " GiB").c_str());
   std::printf("\n");
   const int low = o.comm_bits.front();
-  print_row(sim, "uniform fp32, fp32 buckets", sim.evaluate(sim.uniform(precision::fp32, 32)));
-  print_row(sim, "uniform fp16, fp32 buckets", sim.evaluate(sim.uniform(precision::fp16, 32)));
-  print_row(sim, "uniform lowest, fp32 buckets", sim.evaluate(sim.uniform(precision::int8, 32)));
-  print_row(sim, "uniform lowest, " + std::to_string(low) + "-bit buckets",
-            sim.evaluate(sim.uniform(precision::int8, low)));
-  print_row(sim, std::string("lowbit plan (") + o.solver + ")", a.eval);
+  std::vector<std::pair<std::string, evaluation>> rows = {
+      {"uniform fp32, fp32 buckets", sim.evaluate(sim.uniform(precision::fp32, 32))},
+      {"uniform fp16, fp32 buckets", sim.evaluate(sim.uniform(precision::fp16, 32))}};
+  bool bf16 = false;
+  for (const auto& grp : hw.groups)
+    bf16 = bf16 || std::find(grp.device.precisions.begin(), grp.device.precisions.end(),
+                             precision::bf16) != grp.device.precisions.end();
+  if (bf16)
+    rows.push_back({"uniform bf16, fp32 buckets", sim.evaluate(sim.uniform(precision::bf16, 32))});
+  rows.push_back({"uniform lowest, fp32 buckets", sim.evaluate(sim.uniform(precision::int8, 32))});
+  rows.push_back({"uniform lowest, " + std::to_string(low) + "-bit buckets",
+                  sim.evaluate(sim.uniform(precision::int8, low))});
+  rows.push_back({std::string("lowbit plan (") + o.solver + ")", a.eval});
+  for (const auto& [label, e] : rows) print_row(sim, label, e);
   std::printf("  usable memory:%32s", "");
   for (const auto& grp : hw.groups) std::printf(" %9.2f ", grp.device.usable_bytes() / gib);
   std::printf("\n");
@@ -277,6 +349,7 @@ int run(const options& o) {
     out << plan_to_json(sim, a).dump(2) << "\n";
     std::printf("  plan written to %s\n", o.out.c_str());
   }
+  if (!o.json_out.empty()) write_predictions(o.json_out, sim, rows);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,17 +25,39 @@ struct op_time {
   double backward_ms = 0.0;
 };
 
+/// What a profiled iteration spent outside every op, at one precision: the kernels no
+/// op launched (optimizer step, gradient accumulation, parameter-free code between the
+/// ops) and the host time outside every op (Python between ops, zero_grad, the
+/// optimizer's launches). Negative means "not measured".
+struct tail_time {
+  double gpu_ms = -1.0;
+  double cpu_ms = -1.0;
+};
+
 /// Measured op times for one device model, keyed by op name and precision (QSync
-/// profiles each uniform precision once and looks ops up in those profiles).
+/// profiles each uniform precision once and looks ops up in those profiles): GPU time,
+/// host time (the CPU chain), and the iteration's tail per profiled precision.
 class measured_table {
  public:
-  /// Records (or replaces) the time of `op_name` at `p`.
+  /// Records (or replaces) the GPU time of `op_name` at `p`.
   void set(const std::string& op_name, precision p, op_time t) { table_[op_name][index_of(p)] = t; }
-  /// The time of `op_name` at `p`, or null when it was not measured.
+  /// The GPU time of `op_name` at `p`, or null when it was not measured.
   const op_time* find(std::string_view op_name, precision p) const {
-    auto it = table_.find(op_name);
-    if (it == table_.end() || !it->second[index_of(p)]) return nullptr;
-    return &*it->second[index_of(p)];
+    return lookup_(table_, op_name, p);
+  }
+  /// Records the host time of `op_name` at `p` (forward and backward issue time, ms).
+  void set_host(const std::string& op_name, precision p, op_time t) {
+    host_[op_name][index_of(p)] = t;
+  }
+  /// The host time of `op_name` at `p`, or null when it was not measured.
+  const op_time* find_host(std::string_view op_name, precision p) const {
+    return lookup_(host_, op_name, p);
+  }
+  /// Records the tail of an iteration profiled at `p`.
+  void set_tail(precision p, tail_time t) { tails_[index_of(p)] = t; }
+  /// The tail measured at `p`, or null.
+  const tail_time* find_tail(precision p) const {
+    return tails_[index_of(p)] ? &*tails_[index_of(p)] : nullptr;
   }
   /// Number of ops with at least one measurement.
   std::size_t size() const noexcept { return table_.size(); }
@@ -46,7 +69,15 @@ class measured_table {
   }
 
  private:
-  std::map<std::string, std::array<std::optional<op_time>, precision_count>, std::less<>> table_;
+  using per_op =
+      std::map<std::string, std::array<std::optional<op_time>, precision_count>, std::less<>>;
+  static const op_time* lookup_(const per_op& t, std::string_view op_name, precision p) {
+    auto it = t.find(op_name);
+    if (it == t.end() || !it->second[index_of(p)]) return nullptr;
+    return &*it->second[index_of(p)];
+  }
+  per_op table_, host_;
+  std::array<std::optional<tail_time>, precision_count> tails_{};
 };
 
 /// The precisions `o` may run at on `dev`: the op's own list (or all) intersected with
@@ -99,6 +130,38 @@ class cost_model {
     return r;
   }
 
+  /// Host time to issue `o`'s forward and backward at `p` (the CPU chain): the measured
+  /// value when there is one, one kernel launch (`launch_ms`) otherwise.
+  op_time host_time(const op& o, precision p) const {
+    const op_time* t = measured_.find_host(o.name, clamp_precision(o.kind, p));
+    return {t && t->forward_ms >= 0 ? t->forward_ms : dev_.launch_ms,
+            t && t->backward_ms >= 0 ? t->backward_ms : dev_.launch_ms};
+  }
+
+  /// True when `o`'s forward (or backward) GPU time at `p` was measured. A profile at a
+  /// low precision runs under autocast, whose casts of the fp32 weights and of fp32
+  /// graph inputs run inside the op (and the weight gradient's cast back inside its
+  /// backward or the profile's tail), so the measurement already holds them.
+  bool measured_with_casts(const op& o, precision p, bool backward) const {
+    const op_time* t = measured_.find(o.name, clamp_precision(o.kind, p));
+    return t && (backward ? t->backward_ms : t->forward_ms) >= 0;
+  }
+
+  /// The iteration's tail for a plan where `p` holds most parameters: the tail measured
+  /// at `p`, else at the measured precision nearest it in rank, else the roofline
+  /// optimizer step (`optimizer_ms`) with no host time beyond one launch.
+  tail_time tail(precision p, double params, double state_bytes_per_param) const {
+    const tail_time* best = nullptr;
+    int dist = precision_count;
+    for (precision q : all_precisions) {
+      const tail_time* t = measured_.find_tail(q);
+      const int d = std::abs(index_of(q) - index_of(p));
+      if (t && t->gpu_ms >= 0 && d < dist) best = t, dist = d;
+    }
+    if (best) return {best->gpu_ms, std::max(0.0, best->cpu_ms)};
+    return {optimizer_ms(params, state_bytes_per_param), 0.0};
+  }
+
   /// Roofline estimate: max(FLOPs / peak, bytes / bandwidth), with fp32 bytes scaled by
   /// the precision's storage width. Backward is two GEMMs (data and weight gradients)
   /// for ops with parameters and one pass otherwise, over twice the traffic.
@@ -132,29 +195,56 @@ class cost_model {
 
 /// Bytes an iteration holds at its peak, by category.
 struct memory_breakdown {
-  double weights = 0.0;      ///< fp32 master weights
-  double gradients = 0.0;    ///< fp32 gradients
-  double optimizer = 0.0;    ///< optimizer state
-  double activations = 0.0;  ///< saved activations at each op's precision
+  double weights = 0.0;        ///< fp32 master weights
+  double gradients = 0.0;      ///< fp32 gradients
+  double optimizer = 0.0;      ///< optimizer state
+  double activations = 0.0;    ///< saved activations at each op's precision
+  double weight_copies = 0.0;  ///< autocast's low-precision weight copies, saved for backward
+  double workspace = 0.0;      ///< library workspace plus the largest gradient pair in flight
   /// Everything together, bytes.
-  double total() const noexcept { return weights + gradients + optimizer + activations; }
+  double total() const noexcept {
+    return weights + gradients + optimizer + activations + weight_copies + workspace;
+  }
 };
 
+/// True for kinds whose weights autocast copies to the low precision (convolutions,
+/// linears and unknown ops); norms keep fp32 weights and embeddings are not cast.
+constexpr bool copies_weights(op_kind k) noexcept {
+  return k != op_kind::batch_norm && k != op_kind::layer_norm && k != op_kind::embedding;
+}
+
 /// Memory of one iteration with op `i` at `per_op[i]`: weights and gradients in fp32,
-/// optimizer state, and each op's saved activations at its storage width (bits/32 of
-/// the fp32 size), with 16-bit-floor kinds clamped to 16 bits.
+/// optimizer state, and each op's saved activations: the size measured at its
+/// precision when the model has one, else its storage width (bits/32 of the fp32 size,
+/// 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
+/// low-precision conv or linear (copies_weights) at that width until backward has used
+/// it. The workspace is `workspace_mib` plus the gradients in flight at the worst point
+/// of backward: walking ops in reverse, op i holds its incoming and outgoing gradient
+/// (twice its output at its width) while what the ops before it in backward saved has
+/// been freed, so the term is max_i (2 out_i w_i - freed before i), at least 0.
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
-                                     double optimizer_bytes_per_param) {
+                                     double optimizer_bytes_per_param, double workspace_mib = 0.0) {
   LOWBIT_EXPECTS(per_op.size() == g.size(), "one precision per op is needed");
   memory_breakdown m;
   const double params = g.total_params();
   m.weights = 4.0 * params;
   m.gradients = 4.0 * params;
   m.optimizer = optimizer_bytes_per_param * params;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const op& o = g.at(i);
-    m.activations += o.saved_numel * storage_bits(clamp_precision(o.kind, per_op[i])) / 8.0;
+  double in_flight = 0.0, freed = 0.0;
+  const auto& order = g.topo_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const op& o = g.at(*it);
+    const precision p = clamp_precision(o.kind, per_op[*it]);
+    const double width = storage_bits(p) / 8.0;
+    const double measured = o.saved_bytes[index_of(p)];
+    const double saved = measured >= 0 ? measured : o.saved_numel * width;
+    const double copy = storage_bits(p) < 32 && copies_weights(o.kind) ? o.param_numel * width : 0;
+    m.activations += saved;
+    m.weight_copies += copy;
+    in_flight = std::max(in_flight, 2.0 * o.output_numel * width - freed);
+    freed += saved + copy;
   }
+  m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;
   return m;
 }
 

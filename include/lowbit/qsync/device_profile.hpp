@@ -76,6 +76,10 @@ struct device_profile {
   double bandwidth_efficiency = 0.8;
   double launch_ms = 0.01;    ///< host time to launch one kernel (the CPU stream)
   double reserved_gib = 1.0;  ///< CUDA context and allocator slack, never usable
+  /// Library workspace the framework allocates once and keeps (cuBLAS's per-stream
+  /// workspace comes from PyTorch's caching allocator, so it shows in
+  /// max_memory_allocated), MiB. Part of every plan's memory.
+  double workspace_mib = 0.0;
   cast_costs casts = t4_cast_costs();
 
   /// True when the chip has a mode for `p`.
@@ -95,7 +99,7 @@ struct device_profile {
 namespace detail {
 inline device_profile make_device(std::string name, double fp32, double tf32, double fp16,
                                   double bf16, double int8, double fp8, double bw, double gib,
-                                  std::vector<precision> menu) {
+                                  std::vector<precision> menu, double workspace_mib = 8.125) {
   device_profile d;
   d.name = std::move(name);
   d.peak_tflops[index_of(precision::fp32)] = fp32;
@@ -108,11 +112,15 @@ inline device_profile make_device(std::string name, double fp32, double tf32, do
   d.memory_gib = gib;
   d.precisions = std::move(menu);
   d.casts = scaled_cast_costs(bw);
+  d.workspace_mib = workspace_mib;
   return d;
 }
 }  // namespace detail
 
 // Datasheet figures, dense (no 2:4 sparsity), tensor-core rates where the chip has them.
+// Menus hold every mode the chip trains in (bf16 from Ampere on). The workspace is
+// PyTorch's default cuBLAS workspace: 4096 KiB x 2 + 16 KiB x 8 (8.125 MiB), 32 MiB on
+// Hopper.
 /// NVIDIA T4 (16 GB GDDR6): 8.1 fp32, 65 fp16, 130 int8 TOPS, 320 GB/s.
 inline device_profile t4() {
   using P = precision;
@@ -127,20 +135,20 @@ inline device_profile v100() {
 inline device_profile a100() {
   using P = precision;
   return detail::make_device("A100", 19.5, 156, 312, 312, 624, 0, 2039, 80,
-                             {P::int8, P::fp16, P::tf32, P::fp32});
+                             {P::int8, P::fp16, P::bf16, P::tf32, P::fp32});
 }
 /// NVIDIA H100 SXM5 80 GB: 67 fp32, 494.7 tf32, 989.4 fp16/bf16, 1978.9 fp8/int8,
 /// 3350 GB/s.
 inline device_profile h100() {
   using P = precision;
   return detail::make_device("H100", 67, 494.7, 989.4, 989.4, 1978.9, 1978.9, 3350, 80,
-                             {P::fp8, P::fp16, P::tf32, P::fp32});
+                             {P::fp8, P::fp16, P::bf16, P::tf32, P::fp32}, 32);
 }
 /// NVIDIA H200 SXM 141 GB: H100's compute with 4800 GB/s HBM3e.
 inline device_profile h200() {
   using P = precision;
   return detail::make_device("H200", 67, 494.7, 989.4, 989.4, 1978.9, 1978.9, 4800, 141,
-                             {P::fp8, P::fp16, P::tf32, P::fp32});
+                             {P::fp8, P::fp16, P::bf16, P::tf32, P::fp32}, 32);
 }
 
 /// Names accepted by builtin_device.

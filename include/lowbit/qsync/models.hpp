@@ -270,11 +270,16 @@ inline training_model builtin_model(const std::string& name) {
   return {};
 }
 
-/// A built-in cluster by name.
+/// A built-in cluster by name; a built-in device's name (`H200`) is one such device
+/// alone, the single-GPU training that profiles are validated on.
 inline cluster builtin_cluster(const std::string& name) {
   if (name == "t4v100") return t4_v100_cluster();
   if (name == "h200x2") return h200_x2_cluster();
-  LOWBIT_EXPECTS(false, "unknown cluster '" + name + "' (built-ins: t4v100, h200x2)");
+  for (const auto& d : builtin_device_names())
+    if (name == d) return {"1x " + d, {{builtin_device(d), 1, {}}}, builtin_link("nvlink4")};
+  LOWBIT_EXPECTS(false, "unknown cluster '" + name +
+                            "' (built-ins: t4v100, h200x2, or one device: T4, V100, A100, H100, "
+                            "H200)");
   return {};
 }
 

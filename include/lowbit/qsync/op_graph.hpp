@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <map>
 #include <optional>
@@ -77,6 +78,15 @@ struct tensor_stats {
   double grad_output_numel = 0.0;   ///< numel(dL/dY)
 };
 
+namespace detail {
+// A per-precision table with every entry "not measured" (negative).
+constexpr std::array<double, precision_count> unmeasured() {
+  std::array<double, precision_count> a{};
+  for (double& x : a) x = -1.0;
+  return a;
+}
+}  // namespace detail
+
 /// One operator of the iteration. Sizes are element counts, costs are forward costs.
 struct op {
   std::string name;
@@ -89,6 +99,11 @@ struct op {
   std::vector<std::string> inputs;  ///< names of the producing ops
   std::vector<precision> allowed;   ///< empty: whatever the device offers
   tensor_stats stats;
+  /// Bytes the op saved for backward when profiled at each precision (indexed by
+  /// index_of), negative where not measured. Measured sizes see what the storage-width
+  /// rule cannot: under autocast some ops keep fp32 outputs or statistics, and views
+  /// share storage. The memory model prefers them to `saved_numel * bits / 8`.
+  std::array<double, precision_count> saved_bytes = detail::unmeasured();
 
   /// True when the op owns parameters (so it has a gradient to all-reduce, and it is a
   /// decision of the allocator; parameter-free ops follow their first input).

@@ -2,6 +2,7 @@
 // planner, and the plan it writes. Errors name the place in the document.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <string>
@@ -83,6 +84,9 @@ inline training_model model_from_json(const nlohmann::json& j) {
       o.param_numel = detail::number_or(x, "param_numel", 0);
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
+      if (x.contains("saved_bytes"))
+        for (const auto& [pn, v] : x["saved_bytes"].items())
+          o.saved_bytes[index_of(parse_precision(pn))] = v.get<double>();
       if (x.contains("stats")) {
         const auto& s = x["stats"];
         o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);
@@ -103,7 +107,7 @@ inline training_model model_from_json(const nlohmann::json& j) {
 
 /// A device from JSON: a built-in name (`"T4"`), or `{"base": "T4", ...overrides}` with
 /// any of name, memory_gib, memory_bandwidth_gbs, compute_efficiency,
-/// bandwidth_efficiency, launch_ms, reserved_gib, precisions [...], and
+/// bandwidth_efficiency, launch_ms, reserved_gib, workspace_mib, precisions [...], and
 /// peak_tflops {"fp16": 60, ...}: measured values replacing datasheet ones.
 inline device_profile device_from_json(const nlohmann::json& j) {
   if (j.is_string()) return builtin_device(j.get<std::string>());
@@ -117,6 +121,7 @@ inline device_profile device_from_json(const nlohmann::json& j) {
   d.bandwidth_efficiency = detail::number_or(j, "bandwidth_efficiency", d.bandwidth_efficiency);
   d.launch_ms = detail::number_or(j, "launch_ms", d.launch_ms);
   d.reserved_gib = detail::number_or(j, "reserved_gib", d.reserved_gib);
+  d.workspace_mib = detail::number_or(j, "workspace_mib", d.workspace_mib);
   if (j.contains("precisions")) d.precisions = detail::precisions_of(j["precisions"]);
   if (j.contains("peak_tflops"))
     for (const auto& [k, v] : j["peak_tflops"].items())
@@ -139,10 +144,99 @@ inline link_profile link_from_json(const nlohmann::json& j) {
   return l;
 }
 
+/// One profiled precision of a device group: the instrumented trace (per-op ranges) and
+/// optionally an un-instrumented trace of the same loop for host times.
+struct profile_files {
+  precision p = precision::fp32;
+  std::string trace;
+  std::string plain;  ///< empty: host times from the instrumented trace as they are
+};
+
+/// Parses `fp32=a.json,bf16=b.json` (the command line's --traces form).
+inline std::vector<profile_files> parse_profile_list(const std::string& text) {
+  std::vector<profile_files> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const std::size_t eq = item.find('=');
+    LOWBIT_EXPECTS(eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
+                   "trace list item '" + item + "': expected PRECISION=FILE");
+    out.push_back({parse_precision(item.substr(0, eq)), item.substr(eq + 1), {}});
+    at = comma + 1;
+  }
+  return out;
+}
+
+/// Pairs un-instrumented traces (`fp32=a_plain.json,...`) with the profiles of the same
+/// precision; a precision without a profile is an error.
+inline void add_plain_traces(std::vector<profile_files>& profiles, const std::string& text) {
+  for (const profile_files& q : parse_profile_list(text)) {
+    auto it = std::find_if(profiles.begin(), profiles.end(),
+                           [&](const profile_files& f) { return f.p == q.p; });
+    LOWBIT_EXPECTS(it != profiles.end(), std::string("un-instrumented trace for ") +
+                                             to_string(q.p) + " has no trace at that precision");
+    it->plain = q.trace;
+  }
+}
+
+/// Loads every profile into `table` (several precisions per device group: QSync profiles
+/// each uniform precision once). Relative paths are taken from `base_dir`; a precision
+/// given twice is an error.
+inline void load_profiles(measured_table& table, const std::vector<profile_files>& profiles,
+                          const op_graph& graph, const std::string& base_dir = ".") {
+  auto full = [&](const std::string& path) {
+    return path.empty() || path.front() == '/' || base_dir.empty() ? path : base_dir + "/" + path;
+  };
+  std::vector<precision> seen;
+  for (const profile_files& f : profiles) {
+    LOWBIT_EXPECTS(std::find(seen.begin(), seen.end(), f.p) == seen.end(),
+                   std::string("two traces for ") + to_string(f.p));
+    seen.push_back(f.p);
+    const nlohmann::json trace = read_json_file(full(f.trace));
+    if (f.plain.empty()) {
+      add_profile(table, trace, f.p, graph);
+    } else {
+      const nlohmann::json plain = read_json_file(full(f.plain));
+      add_profile(table, trace, f.p, graph, &plain);
+    }
+  }
+}
+
+/// The profiles of a cluster JSON group: `"trace": "file.json"` with
+/// `"trace_precision"` (default fp32), or a list whose items are `"bf16=file.json"` or
+/// `{"precision": "bf16", "file": "b.json", "plain": "b_plain.json"}`.
+inline std::vector<profile_files> profiles_from_json(const nlohmann::json& x) {
+  std::vector<profile_files> out;
+  if (!x.contains("trace")) return out;
+  const auto& t = x["trace"];
+  if (t.is_string()) {
+    out.push_back({parse_precision(x.value("trace_precision", std::string("fp32"))),
+                   t.get<std::string>(), x.value("plain_trace", std::string())});
+    return out;
+  }
+  LOWBIT_EXPECTS(t.is_array(), "\"trace\": expected a file name or a list");
+  for (std::size_t n = 0; n < t.size(); ++n) {
+    const auto& item = t[n];
+    detail::at_place("trace[" + std::to_string(n) + "]", [&] {
+      if (item.is_string()) {
+        auto one = parse_profile_list(item.get<std::string>());
+        LOWBIT_EXPECTS(one.size() == 1, "expected one PRECISION=FILE");
+        out.push_back(one.front());
+      } else {
+        out.push_back({parse_precision(item.at("precision").get<std::string>()),
+                       item.at("file").get<std::string>(), item.value("plain", std::string())});
+      }
+    });
+  }
+  return out;
+}
+
 /// A cluster from JSON:
 /// `{"name", "link": <link>, "ranks_per_node", "inter_link": <link>,
 ///   "groups": [{"device": <device>, "count",
-///   "trace": "file.json", "trace_precision": "fp32",
+///   "trace": "file.json" | ["fp32=a.json", {"precision", "file", "plain"}, ...],
+///   "trace_precision": "fp32",
 ///   "measured": {"op": {"fp16": {"forward_ms", "backward_ms"}}}}]}`.
 /// With `ranks_per_node` > 1 the cluster is nodes of that many ranks, `link` inside a
 /// node and `inter_link` (required then) between them, so that buckets are planned as
@@ -174,12 +268,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
       g.device = device_from_json(x["device"]);
       g.count = x.value("count", 1);
       LOWBIT_EXPECTS(g.count >= 1, where + ": count must be at least 1");
-      if (x.contains("trace")) {
-        std::string path = x["trace"].get<std::string>();
-        if (!path.empty() && path.front() != '/') path = base_dir + "/" + path;
-        const precision p = parse_precision(x.value("trace_precision", std::string("fp32")));
-        g.measured = measured_from_trace(read_json_file(path), p, graph);
-      }
+      load_profiles(g.measured, profiles_from_json(x), graph, base_dir);
       if (x.contains("measured"))
         for (const auto& [name, per] : x["measured"].items()) {
           LOWBIT_EXPECTS(graph.find(name).has_value(),
@@ -199,12 +288,95 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
   return c;
 }
 
+/// A given plan from JSON, to predict it: `{"groups": [{"default": "fp16", "ops":
+/// {"fc1": "fp32", ...}}, ...], "buckets": [{"bits": 8}, ...]}` (the form plan_to_json
+/// writes), or `"bucket_bits": [8, ...]`; one entry under "groups" applies to every group,
+/// and top-level "default"/"ops" stand for one such entry. Ops not listed take the
+/// default (fp32 when none) moved to the nearest precision their menu allows; listed
+/// parameter-free ops are ignored (they follow their input); buckets not given are fp32.
+/// Unknown ops, precisions a device lacks and wrong list sizes are errors naming them.
+inline plan plan_from_json(const simulator& sim, const nlohmann::json& j) {
+  LOWBIT_EXPECTS(j.is_object(), "plan JSON: expected an object");
+  plan pl;
+  detail::at_place("plan JSON", [&] {
+    std::vector<nlohmann::json> groups;
+    if (j.contains("groups")) {
+      for (const auto& g : j["groups"]) groups.push_back(g);
+    } else {
+      groups.push_back(j);
+    }
+    LOWBIT_EXPECTS(groups.size() == 1 || groups.size() == sim.group_count(),
+                   "\"groups\" has " + std::to_string(groups.size()) + " entries, the cluster " +
+                       std::to_string(sim.group_count()) + " device groups");
+    const op_graph& gr = sim.graph();
+    for (std::size_t g = 0; g < sim.group_count(); ++g) {
+      const auto& x = groups[groups.size() == 1 ? 0 : g];
+      const precision def = parse_precision(x.value("default", std::string("fp32")));
+      std::vector<precision> v(gr.size());
+      for (std::size_t i = 0; i < gr.size(); ++i) v[i] = nearest_allowed(sim.menu(g, i), def);
+      if (x.contains("ops"))
+        for (const auto& [name, pn] : x["ops"].items())
+          v[gr.index_of(name)] = parse_precision(pn.get<std::string>());
+      pl.precisions.push_back(sim.resolve(g, std::move(v)));
+    }
+    pl.bucket_bits.assign(sim.buckets().size(), 32);
+    std::vector<int> bits;
+    if (j.contains("buckets"))
+      for (const auto& b : j["buckets"]) bits.push_back(b.at("bits").get<int>());
+    if (j.contains("bucket_bits")) bits = j["bucket_bits"].get<std::vector<int>>();
+    if (j.contains("buckets") || j.contains("bucket_bits")) {
+      LOWBIT_EXPECTS(bits.size() == pl.bucket_bits.size(),
+                     "plan has " + std::to_string(bits.size()) + " bucket widths, the model " +
+                         std::to_string(pl.bucket_bits.size()) + " buckets");
+      for (int b : bits) (void)wire_bytes(b, 1);  // validates the widths
+      pl.bucket_bits = bits;
+    }
+  });
+  return pl;
+}
+
+namespace detail {
+// One group's predicted time and memory (GiB, by category).
+inline nlohmann::ordered_json group_json(const simulator& sim, const evaluation& e, std::size_t g) {
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto& grp = sim.hardware().groups[g];
+  const memory_breakdown& m = e.groups[g].memory;
+  nlohmann::ordered_json gj;
+  gj["device"] = grp.device.name;
+  gj["count"] = grp.count;
+  gj["predicted_ms"] = e.times.device_ms[g];
+  gj["memory_gib"] = m.total() / gib;
+  gj["usable_gib"] = grp.device.usable_bytes() / gib;
+  gj["fits"] = e.groups[g].fits;
+  gj["memory"] = {{"weights", m.weights / gib},
+                  {"gradients", m.gradients / gib},
+                  {"optimizer", m.optimizer / gib},
+                  {"activations", m.activations / gib},
+                  {"weight_copies", m.weight_copies / gib},
+                  {"workspace", m.workspace / gib}};
+  return gj;
+}
+}  // namespace detail
+
+/// A prediction as JSON: `{"name", "iteration_ms", "groups": [{"device", "count",
+/// "predicted_ms", "memory_gib", "usable_gib", "fits", "memory": {category: GiB}}]}`,
+/// what scripts compare with measurements.
+inline nlohmann::ordered_json evaluation_to_json(const simulator& sim, const std::string& name,
+                                                 const evaluation& e) {
+  nlohmann::ordered_json j;
+  j["name"] = name;
+  j["iteration_ms"] = e.iteration_ms();
+  j["groups"] = nlohmann::ordered_json::array();
+  for (std::size_t g = 0; g < sim.group_count(); ++g)
+    j["groups"].push_back(detail::group_json(sim, e, g));
+  return j;
+}
+
 /// The plan as JSON: target, prediction, per group the device, count, memory and every
 /// op's precision (in execution order), per bucket its bits, size, ops and predicted
 /// start and end.
 inline nlohmann::ordered_json plan_to_json(const simulator& sim, const allocation& a) {
   using json = nlohmann::ordered_json;
-  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
   json j;
   j["model"] = sim.model().name;
   j["cluster"] = sim.hardware().name;
@@ -214,13 +386,7 @@ inline nlohmann::ordered_json plan_to_json(const simulator& sim, const allocatio
   j["score"] = a.score;
   j["groups"] = json::array();
   for (std::size_t g = 0; g < sim.group_count(); ++g) {
-    const auto& grp = sim.hardware().groups[g];
-    json gj;
-    gj["device"] = grp.device.name;
-    gj["count"] = grp.count;
-    gj["predicted_ms"] = a.eval.times.device_ms[g];
-    gj["memory_gib"] = a.eval.groups[g].memory.total() / gib;
-    gj["usable_gib"] = grp.device.usable_bytes() / gib;
+    json gj = detail::group_json(sim, a.eval, g);
     json ops = json::object();
     for (std::size_t i : sim.graph().topo_order())
       ops[sim.graph().at(i).name] = to_string(a.result.precisions[g][i]);

@@ -26,11 +26,13 @@ struct kernel {
 };
 
 /// One device's iteration: its kernels in issue order, the kernel after which each
-/// bucket's gradients exist, and the work after all buckets (the optimizer step).
+/// bucket's gradients exist, and the work after all buckets (the optimizer step and
+/// whatever else no op accounts for): its GPU time and the host time that issues it.
 struct device_trace {
   std::vector<kernel> kernels;
   std::vector<std::size_t> bucket_ready;  ///< kernel index per bucket, or no_index
   double tail_ms = 0.0;
+  double tail_cpu_ms = 0.0;
 };
 
 /// Host and compute stream times of one device's kernels.
@@ -66,6 +68,7 @@ struct device_timing {
   double cpu_end = 0.0;
   double compute_end = 0.0;
   double tail_ms = 0.0;
+  double tail_cpu_ms = 0.0;
 };
 
 /// Reads a device's timing off its trace and stream replay.
@@ -76,6 +79,7 @@ inline device_timing timing_of(const device_trace& trace, const stream_times& st
   t.cpu_end = streams.cpu_end;
   t.compute_end = streams.compute_end;
   t.tail_ms = trace.tail_ms;
+  t.tail_cpu_ms = trace.tail_cpu_ms;
   return t;
 }
 
@@ -90,7 +94,9 @@ struct sync_times {
 /// Synchronous data-parallel replay. Buckets run FIFO on the communication stream; as
 /// a collective, bucket k starts on every device at the latest of their ready times
 /// (and after bucket k-1) and lasts the longest of their durations. A device finishes
-/// when its compute, its host and the last bucket are done, plus its tail.
+/// when its compute, its host and the last bucket are done, plus its tail's GPU time,
+/// or when its host has issued the tail (`cpu_end + tail_cpu_ms`), whichever is later:
+/// a host-bound iteration ends with the host.
 /// `comm_ms[d][k]` is device d's duration of bucket k.
 inline sync_times replay_sync(const std::vector<device_timing>& devices,
                               const std::vector<std::vector<double>>& comm_ms) {
@@ -116,7 +122,8 @@ inline sync_times replay_sync(const std::vector<device_timing>& devices,
   r.device_ms.resize(devices.size());
   for (std::size_t d = 0; d < devices.size(); ++d) {
     const double done = std::max({devices[d].compute_end, devices[d].cpu_end, comm});
-    r.device_ms[d] = done + devices[d].tail_ms;
+    r.device_ms[d] =
+        std::max(done + devices[d].tail_ms, devices[d].cpu_end + devices[d].tail_cpu_ms);
     if (r.device_ms[d] > r.device_ms[r.slowest]) r.slowest = d;
   }
   r.iteration_ms = r.device_ms[r.slowest];

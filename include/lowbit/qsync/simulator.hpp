@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -106,25 +107,30 @@ class simulator {
   /// fp32 master weights for low-precision ops with parameters, the op. Backward in
   /// reverse: a cast per consumer edge whose gradient arrives at another precision,
   /// the op's backward, and the cast of its weight gradient back to fp32, after which
-  /// the gradient is ready for its bucket. Then the optimizer step as the tail.
+  /// the gradient is ready for its bucket. An op whose time at its precision was
+  /// measured gets no weight or graph-input casts: its autocast profile holds them.
+  /// Each op kernel carries the op's host time (measured, else one launch); the tail
+  /// is the one measured at the precision that holds most parameters (else the
+  /// roofline optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
     const cost_model& cm = costs_.at(g);
     const double launch = cm.device().launch_ms;
     device_trace t;
-    auto push = [&](double gpu, kernel_kind kind, std::size_t i) {
-      t.kernels.push_back({launch, gpu, kind, i});
+    auto push = [&](double cpu, double gpu, kernel_kind kind, std::size_t i) {
+      t.kernels.push_back({cpu, gpu, kind, i});
     };
     auto cast = [&](precision from, precision to, double numel, std::size_t i) {
       if (from != to && numel > 0 && cm.cast_ms(from, to, numel) > 0)
-        push(cm.cast_ms(from, to, numel), kernel_kind::cast, i);
+        push(launch, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
     };
     for (std::size_t i : gr.topo_order()) {
       const op& o = gr.at(i);
-      if (gr.producers(i).empty()) cast(precision::fp32, p[i], o.stats.input_numel, i);
+      const bool inside = cm.measured_with_casts(o, p[i], false);
+      if (gr.producers(i).empty() && !inside) cast(precision::fp32, p[i], o.stats.input_numel, i);
       for (std::size_t j : gr.producers(i)) cast(p[j], p[i], gr.at(j).output_numel, i);
-      if (o.has_params()) cast(precision::fp32, p[i], o.param_numel, i);
-      push(cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
+      if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i);
+      push(cm.host_time(o, p[i]).forward_ms, cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
@@ -132,8 +138,10 @@ class simulator {
       const std::size_t i = *it;
       const op& o = gr.at(i);
       for (std::size_t c : gr.consumers(i)) cast(p[c], p[i], o.output_numel, i);
-      push(cm.time(o, p[i]).backward_ms, kernel_kind::backward, i);
-      if (o.has_params()) cast(p[i], precision::fp32, o.param_numel, i);
+      push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
+           i);
+      if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
+        cast(p[i], precision::fp32, o.param_numel, i);
       grad_ready[i] = t.kernels.size() - 1;
     }
     for (const auto& b : buckets_) {
@@ -141,8 +149,23 @@ class simulator {
       for (std::size_t i : b.ops) last = std::max(last, grad_ready[i]);
       t.bucket_ready.push_back(last);
     }
-    t.tail_ms = cm.optimizer_ms(gr.total_params(), model_.optimizer_bytes_per_param);
+    const tail_time tail =
+        cm.tail(dominant_precision(p), gr.total_params(), model_.optimizer_bytes_per_param);
+    t.tail_ms = tail.gpu_ms;
+    t.tail_cpu_ms = tail.cpu_ms;
     return t;
+  }
+
+  /// The precision that holds the most parameters under `p` (ties to the higher one;
+  /// fp32 for a model without parameters): the profile whose tail a plan inherits.
+  precision dominant_precision(const std::vector<precision>& p) const {
+    std::array<double, precision_count> params{};
+    for (std::size_t i = 0; i < graph().size(); ++i)
+      params[index_of(clamp_precision(graph().at(i).kind, p.at(i)))] += graph().at(i).param_numel;
+    precision best = precision::fp32;
+    for (precision q : all_precisions)
+      if (params[index_of(q)] > 0 && params[index_of(q)] >= params[index_of(best)]) best = q;
+    return best;
   }
 
   /// Group g's time for bucket k's all-reduce at `bits`.
@@ -165,7 +188,8 @@ class simulator {
     r.precisions = resolve(g, per_op);
     r.trace = trace(g, r.precisions);
     r.timing = timing_of(r.trace, replay_streams(r.trace.kernels));
-    r.memory = memory_bytes(model_.graph, r.precisions, model_.optimizer_bytes_per_param);
+    r.memory = memory_bytes(model_.graph, r.precisions, model_.optimizer_bytes_per_param,
+                            costs_[g].device().workspace_mib);
     r.fits = r.memory.total() <= costs_[g].device().usable_bytes();
     for (std::size_t k = 0; k < buckets_.size(); ++k) r.comm_ms.push_back(bucket_ms(g, k, bits[k]));
     return r;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+#include <zlib.h>
+#endif
 
 #include "lowbit/core/error.hpp"
 #include "lowbit/qsync/cost_model.hpp"
@@ -24,6 +29,16 @@ namespace lowbit::qsync {
 /// module call and around its backward hook.
 inline constexpr const char* backward_suffix = ".backward";
 
+namespace detail {
+// Splits a range name into the op it times and whether it is the backward half.
+inline std::pair<std::string, bool> op_of_range(const std::string& name) {
+  const std::string suffix = backward_suffix;
+  const bool bwd = name.size() > suffix.size() &&
+                   name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return {bwd ? name.substr(0, name.size() - suffix.size()) : name, bwd};
+}
+}  // namespace detail
+
 /// Per-range GPU times found in a trace, averaged over occurrences (iterations), ms.
 struct trace_ranges {
   std::map<std::string, double> gpu_ms;
@@ -32,9 +47,98 @@ struct trace_ranges {
   /// most frequent range where the trace has none), ms: with the ops' ranges it gives the
   /// kernels no op launched (optimizer step, gradient accumulation), see tail_ms().
   double kernel_ms = 0;
+  /// Host time per range, averaged over occurrences, ms: from the end of the previous
+  /// range on the same thread in the same iteration (or the iteration's start on its own
+  /// thread, or the thread's first event in the iteration on another, e.g. autograd's)
+  /// to the range's end, less the time spent in synchronising runtime calls. Gaps count
+  /// so that Python between ops is host time of the op that follows it.
+  std::map<std::string, double> cpu_ms;
+  /// Host time per iteration (ProfilerStep#N duration less synchronising calls on any
+  /// thread), ms; negative where the trace has no ProfilerStep ranges.
+  double host_ms = -1;
+  /// Iterations seen (ProfilerStep ranges, else the most frequent range's count).
+  int iterations = 0;
 };
 
-/// Reads the GPU time of every user range of a Chrome trace (`{"traceEvents": [...]}`
+namespace detail {
+// True for runtime calls in which the host waits for the GPU.
+inline bool is_sync_call(const std::string& name) {
+  return name.find("Synchronize") != std::string::npos ||
+         (name.rfind("cudaMemcpy", 0) == 0 && name.find("Async") == std::string::npos);
+}
+// Seconds of [a, b] covered by the spans in `spans` (sorted by start, non-overlapping).
+inline double covered(const std::vector<std::pair<double, double>>& spans, double a, double b) {
+  double s = 0;
+  for (const auto& [ts, dur] : spans) s += std::max(0.0, std::min(b, ts + dur) - std::max(a, ts));
+  return s;
+}
+}  // namespace detail
+
+namespace detail {
+/// A user range on one host thread (microseconds).
+struct host_range {
+  std::string name;
+  double ts, dur;
+  std::string thread;
+};
+
+// Fills out.cpu_ms and out.host_ms (see trace_ranges) from the user ranges, the
+// synchronising calls and the host events of every thread.
+inline void read_host_times(const std::vector<host_range>& ranges,
+                            std::map<std::string, std::vector<std::pair<double, double>>>& syncs,
+                            std::map<std::string, std::vector<double>>& activity,
+                            trace_ranges& out) {
+  for (auto& [t, v] : syncs) std::sort(v.begin(), v.end());
+  for (auto& [t, v] : activity) std::sort(v.begin(), v.end());
+  auto waited = [&](const std::string& thread, double a, double b) {
+    auto it = syncs.find(thread);
+    return it == syncs.end() ? 0.0 : covered(it->second, a, b);
+  };
+  std::vector<const host_range*> steps, ops;
+  for (const auto& r : ranges) (r.name.rfind("ProfilerStep#", 0) == 0 ? steps : ops).push_back(&r);
+  auto by_start = [](const host_range* a, const host_range* b) { return a->ts < b->ts; };
+  std::sort(steps.begin(), steps.end(), by_start);
+  std::sort(ops.begin(), ops.end(), by_start);
+  if (!steps.empty()) {
+    double h = 0;
+    for (const host_range* s : steps) {
+      double w = 0;
+      for (const auto& [thread, v] : syncs) w += covered(v, s->ts, s->ts + s->dur);
+      h += s->dur - w;
+    }
+    out.host_ms = h / 1000.0 / static_cast<double>(steps.size());
+  }
+  std::map<std::string, double> sum;
+  std::map<std::string, int> count;
+  std::map<std::string, std::pair<const host_range*, double>> last;  // thread -> (step, end)
+  for (const host_range* r : ops) {
+    const host_range* step = nullptr;
+    for (const host_range* s : steps)
+      if (s->ts <= r->ts && r->ts <= s->ts + s->dur) step = s;
+    // A range nested in the previous one (or the first of its thread in this
+    // iteration on a thread without the step) counts its own span only.
+    double from = r->ts;
+    auto l = last.find(r->thread);
+    if (l != last.end() && l->second.first == step && l->second.second <= r->ts) {
+      from = l->second.second;
+    } else if (step && step->thread == r->thread && (l == last.end() || l->second.first != step)) {
+      from = step->ts;
+    } else if (step && (l == last.end() || l->second.first != step)) {
+      const auto& v = activity[r->thread];
+      auto first = std::lower_bound(v.begin(), v.end(), step->ts);
+      if (first != v.end()) from = std::min(r->ts, *first);
+    }
+    const double end = r->ts + r->dur;
+    sum[r->name] += (end - from) - waited(r->thread, from, end);
+    ++count[r->name];
+    if (l == last.end() || l->second.first != step || l->second.second <= end)
+      last[r->thread] = {step, end};
+  }
+  for (const auto& [name, s] : sum) out.cpu_ms[name] = s / 1000.0 / count[name];
+}
+}  // namespace detail
+
+/// Reads the GPU and host time of every user range of a Chrome trace (`{"traceEvents": [...]}`
 /// or a bare event array). Where the trace has kernels (`cat` "kernel") with
 /// `args.correlation`, a range's time is the sum of the kernels whose launching runtime
 /// call (`cat` "cuda_runtime" or "cuda_driver", same correlation) lies inside a
@@ -44,7 +148,8 @@ struct trace_ranges {
 /// Only a trace without such kernels falls back to its `gpu_user_annotation` spans,
 /// averaged over occurrences (one per `args.External id`: a range whose kernels ran on
 /// several streams has one span per stream). Microseconds become milliseconds; several
-/// occurrences of a name are averaged.
+/// occurrences of a name are averaged. Host times per range and per iteration are read
+/// as described at trace_ranges::cpu_ms and host_ms.
 inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   const nlohmann::json* events = &trace;
   if (trace.is_object()) {
@@ -52,12 +157,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     events = &trace["traceEvents"];
   }
   LOWBIT_EXPECTS(events->is_array(), "malformed trace: \"traceEvents\" is not an array");
-  struct range {
-    std::string name;
-    double ts, dur;
-    std::string thread;
-  };
-  std::vector<range> cpu_ranges;
+  std::vector<detail::host_range> cpu_ranges;
   struct gpu_span {
     double dur;
     long long external;  ///< args["External id"], -1 when absent
@@ -67,6 +167,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
   std::map<std::string, std::vector<std::pair<double, long long>>> launches;
   std::map<long long, double> kernels;  // correlation -> summed kernel time
+  std::map<std::string, std::vector<std::pair<double, double>>> syncs;  // thread -> (ts, dur)
+  std::map<std::string, std::vector<double>> activity;  // thread -> host event starts
   for (std::size_t n = 0; n < events->size(); ++n) {
     const auto& e = (*events)[n];
     if (!e.is_object() || e.value("ph", "") != "X") continue;
@@ -79,6 +181,11 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
         if (!e.contains("args") || !e["args"].contains("correlation")) return -1;
         return e["args"]["correlation"].get<long long>();
       };
+      if (cat == "cpu_op" || cat == "cuda_runtime" || cat == "cuda_driver")
+        activity[thread].push_back(ts);
+      if ((cat == "cuda_runtime" || cat == "cuda_driver") &&
+          detail::is_sync_call(e.value("name", "")))
+        syncs[thread].push_back({ts, dur});
       if (cat == "gpu_user_annotation") {
         long long external = -1;
         if (e.contains("args") && e["args"].contains("External id"))
@@ -112,6 +219,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
       out.gpu_ms[name] = s / 1000.0 / static_cast<double>(n);
       out.occurrences[name] = n;
     }
+    detail::read_host_times(cpu_ranges, syncs, activity, out);
     return out;
   }
   for (auto& [thread, list] : launches) std::sort(list.begin(), list.end());
@@ -140,6 +248,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   double total = 0;
   for (const auto& [c, d] : kernels) total += d;
   out.kernel_ms = total / 1000.0 / std::max(iterations, 1);
+  out.iterations = iterations;
+  read_host_times(cpu_ranges, syncs, activity, out);
   return out;
 }
 
@@ -153,11 +263,8 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
                                           measured_table table = {}) {
   const trace_ranges r = read_trace_ranges(trace);
   std::map<std::string, op_time> found;
-  const std::string suffix = backward_suffix;
   for (const auto& [name, ms] : r.gpu_ms) {
-    const bool bwd = name.size() > suffix.size() &&
-                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    const std::string base = bwd ? name.substr(0, name.size() - suffix.size()) : name;
+    const auto [base, bwd] = detail::op_of_range(name);
     if (!graph.find(base)) {
       if (skipped) skipped->push_back(name);
       continue;
@@ -173,25 +280,123 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
 /// gradient accumulation, casts outside every op), ms: what a replay of the ops alone
 /// leaves out. Assumes the ops' ranges do not nest.
 inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
-  const std::string suffix = backward_suffix;
   double ops = 0;
-  for (const auto& [name, ms] : r.gpu_ms) {
-    const bool bwd = name.size() > suffix.size() &&
-                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    if (graph.find(bwd ? name.substr(0, name.size() - suffix.size()) : name)) ops += ms;
-  }
+  for (const auto& [name, ms] : r.gpu_ms)
+    if (graph.find(detail::op_of_range(name).first)) ops += ms * r.occurrences.at(name);
+  ops /= std::max(r.iterations, 1);
   return std::max(0.0, r.kernel_ms - ops);
 }
 
-/// Parses a JSON file; throws invalid_argument naming the file (and the byte where the
-/// JSON breaks) when it cannot be read or parsed.
-inline nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
+namespace detail {
+// The per-range overhead c with sum_i w_i max(0, x_i - c) = target (0 <= target <=
+// sum w_i x_i): every range loses the same instrumentation cost, none below zero.
+inline double water_level(const std::vector<std::pair<double, double>>& xw, double target) {
+  auto left = [&](double c) {
+    double s = 0;
+    for (const auto& [x, w] : xw) s += w * std::max(0.0, x - c);
+    return s;
+  };
+  double lo = 0, hi = 0;
+  for (const auto& [x, w] : xw) hi = std::max(hi, x);
+  for (int k = 0; k < 200 && hi - lo > 1e-12 * std::max(1.0, hi); ++k) {
+    const double mid = 0.5 * (lo + hi);
+    (left(mid) > target ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+}  // namespace detail
+
+/// Adds one profile at precision `p` to `table`: every op's GPU time (as
+/// measured_from_trace), its host time, and the iteration's tail (kernels no op launched,
+/// host time outside every op). The instrumented trace's ranges inflate host time (each
+/// range adds its hooks and record_function calls), so when `plain` is given, a trace of
+/// the same loop without ranges (or one holding only ProfilerStep ranges of host times
+/// measured without a profiler), its host time per iteration `H_plain` is the truth and
+/// the excess `E = H_instr - H_plain` is taken off the op ranges as one cost per range,
+/// `c` with `sum max(0, x_i - c) = sum x_i - E`, none below 0; the tail keeps its
+/// measured host time. When E exceeds all op ranges' host time, ops get 0 and the tail
+/// `H_plain`; when E < 0 (noise), op times stay and the tail is what is left of
+/// `H_plain` (never below 0). Op and tail host times then add up to `H_plain`. Returns
+/// the names of ranges that are not ops of `graph`.
+inline std::vector<std::string> add_profile(measured_table& table, const nlohmann::json& trace,
+                                            precision p, const op_graph& graph,
+                                            const nlohmann::json* plain = nullptr) {
+  std::vector<std::string> skipped;
+  table = measured_from_trace(trace, p, graph, &skipped, std::move(table));
+  const trace_ranges r = read_trace_ranges(trace);
+  const double iterations = std::max(r.iterations, 1);
+  std::vector<std::pair<double, double>> xw;  // op ranges' host time, per-iteration count
+  double ops_host = 0;
+  for (const auto& [name, ms] : r.cpu_ms)
+    if (graph.find(detail::op_of_range(name).first)) {
+      xw.push_back({ms, r.occurrences.at(name) / iterations});
+      ops_host += ms * xw.back().second;
+    }
+  double overhead = 0, tail_host = r.host_ms >= 0 ? std::max(0.0, r.host_ms - ops_host) : -1.0;
+  if (plain) {
+    const trace_ranges q = read_trace_ranges(*plain);
+    LOWBIT_EXPECTS(q.host_ms >= 0, "the un-instrumented trace has no ProfilerStep ranges");
+    const double excess = r.host_ms >= 0 ? r.host_ms - q.host_ms : 0.0;
+    if (excess >= ops_host) {
+      overhead = std::numeric_limits<double>::infinity();
+      tail_host = q.host_ms;
+    } else if (excess > 0) {
+      overhead = detail::water_level(xw, ops_host - excess);
+      tail_host = q.host_ms - (ops_host - excess);
+    } else {
+      tail_host = std::max(0.0, q.host_ms - ops_host);
+    }
+  }
+  std::map<std::string, op_time> found;
+  for (const auto& [name, ms] : r.cpu_ms) {
+    const auto [base, bwd] = detail::op_of_range(name);
+    if (!graph.find(base)) continue;
+    auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
+    (bwd ? it->second.backward_ms : it->second.forward_ms) = std::max(0.0, ms - overhead);
+  }
+  for (const auto& [name, t] : found) table.set_host(name, p, t);
+  table.set_tail(p, {tail_ms(r, graph), tail_host});
+  return skipped;
+}
+
+/// The bytes of a file; a `.gz` file is decompressed when the including code defines
+/// LOWBIT_QSYNC_WITH_ZLIB and links zlib (profiler traces are large and PyTorch writes
+/// them gzipped when asked), else reading one is an error that says so.
+inline std::string read_file_text(const std::string& path) {
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (gz) {
+#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+    gzFile f = gzopen(path.c_str(), "rb");
+    LOWBIT_EXPECTS(f != nullptr, "cannot open '" + path + "'");
+    std::string out;
+    std::vector<char> buf(1 << 16);
+    int n = 0;
+    while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0)
+      out.append(buf.data(), static_cast<std::size_t>(n));
+    int code = 0;
+    const std::string why = n < 0 ? gzerror(f, &code) : "";
+    gzclose(f);
+    LOWBIT_EXPECTS(n == 0, "cannot decompress '" + path + "': " + why);
+    return out;
+#else
+    LOWBIT_EXPECTS(false, "'" + path +
+                              "' is gzipped: this build reads .gz only with zlib "
+                              "(LOWBIT_QSYNC_WITH_ZLIB); gunzip it first");
+#endif
+  }
+  std::ifstream in(path, std::ios::binary);
   LOWBIT_EXPECTS(in.good(), "cannot open '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Parses a JSON file (gzipped too, see read_file_text); throws invalid_argument naming
+/// the file (and the byte where the JSON breaks) when it cannot be read or parsed.
+inline nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_file_text(path);
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     LOWBIT_EXPECTS(false, "malformed JSON in '" + path + "' at byte " + std::to_string(e.byte) +
                               ": " + e.what());

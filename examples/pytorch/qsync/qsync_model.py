@@ -1,0 +1,334 @@
+"""Pure-Python half of the QSync exporter: no torch, no CUDA, unit-testable anywhere.
+
+``lowbit-plan`` reads a model JSON (``include/lowbit/qsync/plan_io.hpp``,
+``model_from_json``)::
+
+    {"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb",
+     "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
+              "param_numel", "inputs": [...], "saved_bytes": {"fp32": B, ...},
+              "stats": {...}}]}
+
+and PyTorch-profiler traces in which op ``N`` is timed by ``user_annotation`` ranges
+``N`` (forward) and ``N.backward``. The torch half (``export.py``) records one entry per
+leaf-module call while the model runs; this module turns those records plus a trace into
+the model JSON, and holds the helpers the validation script needs without torch.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+from typing import Dict, Iterable, List, Optional
+
+BACKWARD_SUFFIX = ".backward"
+
+# Module class name (lowercase, substring) -> op kind lowbit-plan knows. First match wins:
+# "batchnorm" must be tested before "norm"-like fallbacks, "conv" covers Conv1d/2d/3d.
+_KINDS = [
+    ("batchnorm", "batch_norm"), ("syncbatchnorm", "batch_norm"),
+    ("layernorm", "layer_norm"), ("rmsnorm", "layer_norm"), ("groupnorm", "layer_norm"),
+    ("conv", "conv"), ("linear", "linear"), ("embedding", "embedding"),
+    ("softmax", "softmax"), ("gelu", "gelu"), ("relu", "relu"), ("silu", "relu"),
+    ("pool", "pool"), ("loss", "loss"),
+]
+
+KNOWN_KINDS = {"conv", "linear", "matmul", "embedding", "layer_norm", "batch_norm",
+               "softmax", "gelu", "relu", "pool", "add", "loss", "other"}
+
+PRECISIONS = ("int8", "fp8", "fp16", "bf16", "tf32", "fp32")
+
+
+def kind_of(class_name: str) -> str:
+    """The op kind of a module class: decides lowbit's 16-bit floor and backward cost."""
+    low = class_name.lower()
+    for key, kind in _KINDS:
+        if key in low:
+            return kind
+    return "other"
+
+
+def call_name(module_name: str, call_index: int) -> str:
+    """Op name of a module's call: the module's qualified name for its first call in an
+    iteration, ``name#k`` for the k-th (k >= 2), so that a module used twice (a shared
+    ReLU) is two ops with their own ranges and inputs."""
+    name = module_name or "model"
+    return name if call_index == 0 else "%s#%d" % (name, call_index + 1)
+
+
+def module_of(op_name: str) -> str:
+    """The module's qualified name behind an op name (inverse of call_name)."""
+    base = op_name.split("#", 1)[0]
+    return "" if base == "model" else base
+
+
+def _events(trace) -> list:
+    if isinstance(trace, dict):
+        if "traceEvents" not in trace:
+            raise ValueError('malformed trace: no "traceEvents" array')
+        return trace["traceEvents"]
+    return trace
+
+
+def forward_ranges(trace) -> List[str]:
+    """Names of the forward ranges of the trace's first profiler step in start order
+    (the order the ops ran), without backward and ProfilerStep ranges; without
+    ProfilerStep ranges, every distinct forward range. Non-op ranges (the optimizer's)
+    are the caller's to filter."""
+    ranges = [e for e in _events(trace)
+              if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    ranges.sort(key=lambda e: e["ts"])
+    steps = [e for e in ranges if e["name"].startswith("ProfilerStep#")]
+    window = (steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]) if steps else None
+    out, seen = [], set()
+    for e in ranges:
+        n = e["name"]
+        if n.startswith("ProfilerStep#") or n.endswith(BACKWARD_SUFFIX) or n in seen:
+            continue
+        if window and not (window[0] <= e["ts"] <= window[1]):
+            continue
+        seen.add(n)
+        out.append(n)
+    return out
+
+
+def model_json(records: Dict[str, dict], name: str, trace=None,
+               optimizer_bytes_per_param: float = 8.0, bucket_cap_mb: float = 25.0,
+               first_bucket_mb: float = 1.0) -> dict:
+    """The model JSON lowbit-plan reads, from per-op records (what export.py collects:
+    ``{op_name: {"kind" or "module_class", "flops", "bytes", "output_numel",
+    "saved_bytes": {precision: bytes}, "param_numel", "inputs", "stats", "order"}}``).
+
+    Ops are in the records' forward order. With a trace (a profile of the same
+    program), the ops that ran in it must come in the same order, else the records and
+    the trace describe different programs (ValueError); ops without a range are kept
+    (their parameters still cost memory and optimizer time) and listed under
+    "untimed" (lowbit-plan times them by roofline and ignores the key). Inputs naming
+    unknown or later ops are dropped; ``saved_numel`` is the fp32 saved size in
+    elements (4 bytes each)."""
+    order = sorted(records, key=lambda n: records[n].get("order", 0))
+    untimed: List[str] = []
+    if trace is not None:
+        timed = [n for n in forward_ranges(trace) if n in records]
+        if not timed:
+            raise ValueError("the trace has no range named like any recorded op")
+        pos = {n: k for k, n in enumerate(order)}
+        if [pos[n] for n in timed] != sorted(pos[n] for n in timed):
+            raise ValueError("the trace ran the ops in another order than the recording")
+        untimed = [n for n in order if n not in set(timed)]
+    known = set(order)
+    ops = []
+    for n in order:
+        r = records[n]
+        kind = r.get("kind") or kind_of(r.get("module_class", ""))
+        if kind not in KNOWN_KINDS:
+            raise ValueError("op %r: unknown kind %r" % (n, kind))
+        saved = {p: float(b) for p, b in (r.get("saved_bytes") or {}).items() if p in PRECISIONS}
+        o = {
+            "name": n,
+            "kind": kind,
+            "flops": float(r.get("flops", 0)),
+            "bytes": float(r.get("bytes", 0)),
+            "output_numel": float(r.get("output_numel", 0)),
+            "saved_numel": saved.get("fp32", float(r.get("saved_numel", 0)) * 4) / 4.0,
+            "param_numel": float(r.get("param_numel", 0)),
+            "inputs": [i for i in dict.fromkeys(r.get("inputs", [])) if i in known and i != n],
+        }
+        if saved:
+            o["saved_bytes"] = saved
+        stats = {k: float(v) for k, v in (r.get("stats") or {}).items() if v is not None}
+        if stats:
+            o["stats"] = stats
+        ops.append(o)
+    pos = {o["name"]: k for k, o in enumerate(ops)}
+    for o in ops:
+        o["inputs"] = [i for i in o["inputs"] if pos[i] < pos[o["name"]]]
+    out = {"name": name, "optimizer_bytes_per_param": optimizer_bytes_per_param,
+           "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb, "ops": ops}
+    if untimed:
+        out["untimed"] = untimed
+    return out
+
+
+def cluster_json(device: str = "H200", precisions=("fp16", "bf16", "fp32")) -> dict:
+    """A one-GPU cluster whose menu holds only what autocast can apply (no fp8, int8 or
+    tf32), so the allocator's plans can be run."""
+    return {"name": "1x " + device, "link": "nvlink4",
+            "groups": [{"device": {"base": device, "precisions": list(precisions)},
+                        "count": 1}]}
+
+
+def missing_ranges(trace, model: dict) -> List[str]:
+    """Op names of ``model`` that have no forward range in ``trace`` (timed by roofline
+    then): what the validation reports before trusting a prediction."""
+    names = {e.get("name") for e in _events(trace)
+             if isinstance(e, dict) and e.get("cat") == "user_annotation"}
+    return [o["name"] for o in model["ops"] if o["name"] not in names]
+
+
+def uniform_plan(precision: str) -> dict:
+    """Every op at ``precision`` (nearest allowed), every bucket fp32."""
+    return {"default": precision}
+
+
+def mixed_plans(model: dict) -> Dict[str, dict]:
+    """Two mixed plans built by rule from the model, not tuned to it:
+    ``mixed-ends``: bf16 everywhere but the first and last ops with parameters in fp32
+    (the layers QSync's indicator usually protects);
+    ``mixed-norms``: fp16 for convolutions and linears, fp32 for everything else with
+    parameters (norms, embeddings)."""
+    params = [o for o in model["ops"] if o["param_numel"] > 0]
+    ends = {}
+    if params:
+        ends = {params[0]["name"]: "fp32", params[-1]["name"]: "fp32"}
+    gemm = {o["name"]: "fp16" for o in params if o["kind"] in ("conv", "linear")}
+    return {"mixed-ends": {"default": "bf16", "ops": ends},
+            "mixed-norms": {"default": "fp32", "ops": gemm}}
+
+
+def plan_precisions(plan: dict, model: dict) -> Dict[str, str]:
+    """Op name -> precision for the ops with parameters under ``plan`` (a plan as
+    lowbit-plan reads it: top-level or first group's "default"/"ops"). Parameter-free
+    ops are left out: they follow their input."""
+    g = plan["groups"][0] if "groups" in plan else plan
+    default = g.get("default", "fp32")
+    ops = g.get("ops", {})
+    return {o["name"]: ops.get(o["name"], default) for o in model["ops"] if o["param_numel"] > 0}
+
+
+def resolve_precisions(per_op: Dict[str, str], model: dict) -> Dict[str, str]:
+    """Every op's precision, lowbit's way: ops with parameters as `per_op` says (fp32
+    when absent), parameter-free ops their first input's (fp32 for graph inputs)."""
+    out: Dict[str, str] = {}
+    for o in model["ops"]:
+        if o["param_numel"] > 0:
+            out[o["name"]] = per_op.get(o["name"], "fp32")
+        else:
+            ins = [i for i in o.get("inputs", []) if i in out]
+            out[o["name"]] = out[ins[0]] if ins else "fp32"
+    return out
+
+
+def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, str]:
+    """The ops with parameters the plan applier must wrap: those at another precision
+    than the ambient one, and those fed by an op at another precision than their own
+    (their inputs are cast; a norm would follow its input otherwise). A uniform plan
+    wraps nothing, so it runs the profiled program."""
+    resolved = resolve_precisions(per_op, model)
+    out = {}
+    for o in model["ops"]:
+        n = o["name"]
+        if o["param_numel"] <= 0:
+            continue
+        fed = any(resolved.get(i, "fp32") != resolved[n] for i in o.get("inputs", []))
+        if resolved[n] != ambient or fed:
+            out[n] = resolved[n]
+    return out
+
+
+def ambient_precision(precisions: Dict[str, str]) -> str:
+    """The precision most parameters' ops run at: the plan applier runs the whole step
+    under it (autocast for 16 bits) and wraps only the ops that differ."""
+    if not precisions:
+        return "fp32"
+    counts: Dict[str, int] = {}
+    for p in precisions.values():
+        counts[p] = counts.get(p, 0) + 1
+    return max(sorted(counts), key=lambda p: counts[p])
+
+
+def host_trace(host_ms: List[float]) -> dict:
+    """A trace holding only ProfilerStep ranges of the given host times (ms): the host
+    side of iterations timed without any profiler (validate.py times the step up to its
+    final synchronize), which lowbit-plan takes as the un-instrumented trace."""
+    return {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k, "ts": 1e6 * k,
+         "dur": 1000.0 * ms, "pid": 0, "tid": 0} for k, ms in enumerate(host_ms)],
+        "lowbit": {"source": "host time per step, timed without a profiler"}}
+
+
+def write_json(path: str, obj, gz: Optional[bool] = None) -> str:
+    """Writes ``obj`` as JSON, gzipped when ``path`` ends in .gz (or ``gz``)."""
+    gz = path.endswith(".gz") if gz is None else gz
+    if gz:
+        with gzip.open(path, "wt", compresslevel=5) as f:
+            json.dump(obj, f)
+    else:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    return path
+
+
+def gzip_file(src: str, dst: str) -> str:
+    """Gzips a file as it is (a trace straight from the profiler, not re-encoded)."""
+    import shutil
+
+    with open(src, "rb") as a, gzip.open(dst, "wb", compresslevel=5) as b:
+        shutil.copyfileobj(a, b, 1 << 20)
+    return dst
+
+
+def read_json(path: str):
+    """Reads a JSON file, gunzipping a .gz one."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def gunzip_to(path: str, directory: str) -> str:
+    """A plain copy of a gzipped JSON trace in ``directory`` (lowbit-plan reads plain
+    JSON); returns its path."""
+    base = os.path.basename(path)
+    out = os.path.join(directory, base[:-3] if base.endswith(".gz") else base)
+    with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+        dst.write(src.read())
+    return out
+
+
+def median(xs: Iterable[float]) -> float:
+    """Median of the per-iteration times."""
+    return float(statistics.median(list(xs)))
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    """Signed prediction error in percent of the measurement."""
+    return 100.0 * (predicted - measured) / measured if measured else float("nan")
+
+
+TIME_TARGET_PCT, HOST_BOUND_TARGET_PCT, MEMORY_TARGET_PCT = 5.0, 15.0, 10.0
+
+
+def validation_rows(predicted: Dict[str, dict], measured: List[dict]) -> List[dict]:
+    """Joins predictions (case -> {"iteration_ms", "memory_gib"}) with measured rows
+    (measured.csv: case, batch, iter_ms_median, peak_gib, ...) into the validation
+    table's rows: case, predicted and measured time and memory, errors in percent, and
+    whether each is within its target (time 5%, 15% at batch 1, the host-bound case;
+    memory 10%)."""
+    rows = []
+    for m in measured:
+        case = m["case"]
+        if case not in predicted:
+            continue
+        p = predicted[case]
+        t, mem = float(m["iter_ms_median"]), float(m["peak_gib"])
+        te, me = error_pct(p["iteration_ms"], t), error_pct(p["memory_gib"], mem)
+        target = HOST_BOUND_TARGET_PCT if int(m.get("batch", 0) or 0) == 1 else TIME_TARGET_PCT
+        rows.append({"case": case, "pred_ms": p["iteration_ms"], "meas_ms": t,
+                     "time_err_pct": te, "time_target_pct": target,
+                     "time_ok": abs(te) <= target, "pred_gib": p["memory_gib"], "meas_gib": mem,
+                     "mem_err_pct": me, "mem_ok": abs(me) <= MEMORY_TARGET_PCT})
+    return rows
+
+
+def markdown_table(rows: List[dict]) -> str:
+    """The validation table as markdown (the form docs/qsync.md takes)."""
+    out = ["| case | predicted ms | measured ms | error % | within | predicted GiB "
+           "| measured GiB | error % | within |", "|---|---|---|---|---|---|---|---|---|"]
+    yes = lambda ok, pct: ("yes" if ok else "no") + " (%g%%)" % pct  # noqa: E731
+    for r in rows:
+        out.append("| %s | %.2f | %.2f | %+.1f | %s | %.2f | %.2f | %+.1f | %s |" % (
+            r["case"], r["pred_ms"], r["meas_ms"], r["time_err_pct"],
+            yes(r["time_ok"], r["time_target_pct"]), r["pred_gib"], r["meas_gib"],
+            r["mem_err_pct"], yes(r["mem_ok"], MEMORY_TARGET_PCT)))
+    return "\n".join(out)

@@ -1,0 +1,515 @@
+#!/usr/bin/env python3
+"""QSync end to end on one GPU: profile, export, plan, apply, measure, compare.
+
+Run mode (needs torch with CUDA), from the repository root:
+
+    python3 examples/pytorch/qsync/validate.py --out OUT --lowbit-plan build/tools/lowbit-plan
+
+For every model case (a ResNet-like CNN at batch 256, a 6-layer BERT-like encoder at
+seq 512 batch 32, the CNN at batch 1 as the host-bound case) it
+
+1. records the ops (leaf-module calls, producers, saved bytes at fp32/fp16/bf16,
+   indicator statistics) and writes ``OUT/<case>.model.json``;
+2. profiles each precision twice with the stock torch.profiler, with per-op ranges
+   (``traces/<case>_<p>.json.gz``) and without (``traces/<case>_<p>_plain.json.gz``),
+   and times ``--host-iters`` steps' host side without any profiler
+   (``traces/<case>_<p>_host.json.gz``, the host truth lowbit-plan is given);
+3. writes the plans (uniform fp32/fp16/bf16, two mixed plans by rule, and with
+   ``--lowbit-plan`` the allocator's plans at two targets) to ``plans/``;
+4. runs every plan un-instrumented: ``--warmup`` steps, then the median of ``--iters``
+   timed steps (each ends in a synchronize) and torch.cuda.max_memory_allocated,
+   appended to ``OUT/measured.csv``;
+5. with ``--lowbit-plan``, runs the predict mode below.
+
+Predict mode (no torch needed): ``validate.py --predict --out OUT --lowbit-plan BIN``
+runs ``lowbit-plan --plan`` on every measured case and writes the validation table
+(case, predicted, measured, error %) to ``OUT/validation.md`` and ``OUT/validation.csv``.
+
+Exit status: 0 done, 1 an error (printed), 2 bad arguments or no CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import qsync_model as qm  # noqa: E402
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+MEASURED_FIELDS = ["case", "model", "plan", "batch", "iters", "iter_ms_median", "iter_ms_mean",
+                   "iter_ms_min", "iter_ms_max", "peak_gib", "host_ms_median", "plan_summary"]
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print("[%6.1fs] %s" % (time.time() - T0, msg), flush=True)
+
+
+# ----------------------------------------------------------------------------- models
+
+def build_cnn(torch, nn, classes=1000, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2)):
+    """A ResNet-18-like CNN (basic blocks, batch norm, a ReLU module shared within each
+    block as torchvision does), inplace=False so instrumented and plain runs match."""
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=False)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return self.relu(y + (x if self.down is None else self.down(x)))
+
+    class CNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(widths[0])
+            self.relu = nn.ReLU(inplace=False)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            layers, cin = [], widths[0]
+            for i, (w, n) in enumerate(zip(widths, blocks)):
+                for j in range(n):
+                    layers.append(Block(cin, w, 2 if (j == 0 and i > 0) else 1))
+                    cin = w
+            self.layers = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(cin, classes)
+
+        def forward(self, x):
+            x = self.pool(self.relu(self.bn1(self.conv1(x))))
+            x = self.avgpool(self.layers(x))
+            return self.fc(torch.flatten(x, 1))
+
+    return CNN()
+
+
+def build_bert(torch, nn, F, layers=6, hidden=768, heads=12, ffn=3072, vocab=30522, seq=512,
+               classes=2):
+    """A BERT-base-like encoder (post-LN, GELU FFN, dropout 0.1) with a classification
+    head on the first token; attention through F.scaled_dot_product_attention."""
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+            self.o = nn.Linear(hidden, hidden)
+            self.drop1 = nn.Dropout(0.1)
+            self.ln1 = nn.LayerNorm(hidden)
+            self.fc1 = nn.Linear(hidden, ffn)
+            self.act = nn.GELU()
+            self.fc2 = nn.Linear(ffn, hidden)
+            self.drop2 = nn.Dropout(0.1)
+            self.ln2 = nn.LayerNorm(hidden)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            split = lambda t: t.view(b, s, heads, hidden // heads).transpose(1, 2)  # noqa: E731
+            a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
+                                               split(self.v(x)), dropout_p=0.1)
+            a = a.transpose(1, 2).reshape(b, s, hidden)
+            x = self.ln1(x + self.drop1(self.o(a)))
+            return self.ln2(x + self.drop2(self.fc2(self.act(self.fc1(x)))))
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, hidden)
+            self.pos = nn.Embedding(seq, hidden)
+            self.ln = nn.LayerNorm(hidden)
+            self.drop = nn.Dropout(0.1)
+            self.layers = nn.Sequential(*[Layer() for _ in range(layers)])
+            self.head = nn.Linear(hidden, classes)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            x = self.drop(self.ln(self.tok(ids) + self.pos(pos)))
+            return self.head(self.layers(x)[:, 0])
+
+    return Bert()
+
+
+CASES = {
+    "cnn-b256": dict(model="cnn", batch=256),
+    "bert-b32": dict(model="bert", batch=32, seq=512),
+    "cnn-b1": dict(model="cnn", batch=1, precisions=("fp32", "bf16"),
+                   plans=("fp32", "bf16")),
+}
+
+
+def make_case(torch, name, spec, device, smoke=False):
+    """The model, on `device`, and its forward-and-loss closure over a fixed batch.
+    `smoke` shrinks everything (a CPU check of the pipeline, not a measurement)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    b = min(spec["batch"], 2) if smoke else spec["batch"]
+    if spec["model"] == "cnn":
+        side, classes = (64, 10) if smoke else (224, 1000)
+        kw = dict(widths=(8, 16, 16, 32), blocks=(1, 1, 1, 1)) if smoke else {}
+        model = build_cnn(torch, nn, classes=classes, **kw).to(device)
+        x = torch.randn(b, 3, side, side, device=device)
+        y = torch.randint(0, classes, (b,), device=device)
+    else:
+        seq = 16 if smoke else spec["seq"]
+        kw = dict(layers=2, hidden=32, heads=4, ffn=64, vocab=100) if smoke else {}
+        model = build_bert(torch, nn, F, seq=seq, **kw).to(device)
+        x = torch.randint(0, kw.get("vocab", 30522), (b, seq), device=device)
+        y = torch.randint(0, 2, (b,), device=device)
+    model.train()
+
+    def forward_loss():
+        return F.cross_entropy(model(x), y)
+
+    return model, forward_loss
+
+
+# ---------------------------------------------------------------------- run-mode steps
+
+def training_step(torch, model, opt, forward_loss, context):
+    """One training step as profiled and as measured: the same code in both. Given a
+    list, `step(host)` appends the host time up to the final synchronize (ms): the host
+    never waits for the GPU before it, so that is the step's host work."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def step(host=None):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with context():
+            loss = forward_loss()
+        loss.backward()
+        opt.step()
+        t1 = time.perf_counter()
+        sync()
+        if host is not None:
+            host.append(1000.0 * (t1 - t0))
+
+    return step
+
+
+def new_optimizer(torch, model):
+    """Adam, fused on CUDA (few launches, no large temporaries)."""
+    return torch.optim.Adam(model.parameters(), lr=1e-5, fused=torch.cuda.is_available())
+
+
+def free_memory(torch):
+    """Returns what the last run held to the allocator, so the next peak is its own."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_case(torch, args, name, spec, out, measured_rows):
+    """Steps 1-4 of the module docstring for one case; appends to measured_rows and
+    rewrites measured.csv after every plan, so a failure keeps what was measured."""
+    import export as ex
+    from apply_plan import applied_plan
+
+    device = args.device
+    precisions = spec.get("precisions", PRECISIONS)
+    if precisions[0] != "fp32":
+        raise ValueError("case %s: the fp32 profile (first) gives the model JSON" % name)
+    model, forward_loss = make_case(torch, name, spec, device, smoke=args.smoke)
+    log("%s: %.1fM parameters, batch %d" % (
+        name, sum(p.numel() for p in model.parameters()) / 1e6, spec["batch"]))
+
+    # 1. ops and saved bytes per precision
+    records = ex.record_ops(model, forward_loss, "fp32", with_stats=True, device_type=device)
+    for p in precisions:
+        if p != "fp32":
+            ex.merge_saved_bytes(records, ex.record_ops(model, forward_loss, p, device_type=device))
+    log("%s: recorded %d ops" % (name, len(records)))
+
+    # 2. profiles: instrumented and plain, per precision
+    traces = {}
+    tdir = os.path.join(out, "traces")
+    opt = new_optimizer(torch, model)
+    for p in precisions:
+        step = training_step(torch, model, opt, forward_loss,
+                             lambda p=p: ex.precision_context(p, device))
+        for _ in range(2):
+            step()  # optimizer state and allocator warm before profiling
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = os.path.join(tmp, "t.json")
+            with ex.instrument(model):
+                ex.profile(step, raw, steps=args.profile_steps)
+            if p == "fp32":
+                inst = qm.read_json(raw)
+                model_json = qm.model_json(records, name, trace=inst)
+                missing = qm.missing_ranges(inst, model_json)
+                if missing:
+                    log("%s: warning: %d ops without a range (roofline): %s" % (
+                        name, len(missing), ", ".join(missing[:5])))
+                del inst
+            traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
+            ex.profile(step, raw, steps=args.profile_steps)
+            qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
+        # The profiler itself inflates host time (every op and launch is recorded), so
+        # the host truth comes from steps timed without it.
+        host = []
+        for k in range(args.host_iters + 2):  # two to settle after the profiler
+            step(host if k >= 2 else None)
+        # One step of the median: lowbit-plan averages steps, the median ignores outliers.
+        qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
+                      qm.host_trace([qm.median(host)]))
+        log("%s: profiled %s" % (name, p))
+    del opt, step  # the step holds the optimizer: its state must not stay allocated
+    free_memory(torch)
+    mpath = os.path.join(out, "%s.model.json" % name)
+    qm.write_json(mpath, model_json)
+
+    # 3. plans
+    pdir = os.path.join(out, "plans")
+    plans = {}
+    for p in spec.get("plans", PRECISIONS):
+        plans[p] = qm.uniform_plan(p)
+    if "plans" not in spec:
+        plans.update(qm.mixed_plans(model_json))
+
+    if args.lowbit_plan and "plans" not in spec:
+        plans.update(allocator_plans(args, name, out, pdir))
+    for pn, pl in plans.items():
+        qm.write_json(os.path.join(pdir, "%s_%s.json" % (name, pn)), pl)
+
+    # 4. measure every plan un-instrumented
+    for pn, pl in plans.items():
+        with applied_plan(model, pl, model_json, device_type=device) as ap:
+            opt = new_optimizer(torch, model)
+            step = training_step(torch, model, opt, forward_loss, ap.step_context)
+            for _ in range(args.warmup):
+                step()
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times, host = [], []
+            for _ in range(args.iters):
+                t = time.perf_counter()
+                step(host)
+                times.append(1000.0 * (time.perf_counter() - t))
+            peak = torch.cuda.max_memory_allocated() / 2.0 ** 30 if cuda else 0.0
+            summary = ap.summary()
+        del opt, step
+        free_memory(torch)
+        row = {"case": "%s/%s" % (name, pn), "model": name, "plan": pn, "batch": spec["batch"],
+               "iters": args.iters, "iter_ms_median": "%.4f" % qm.median(times),
+               "iter_ms_mean": "%.4f" % (sum(times) / len(times)),
+               "iter_ms_min": "%.4f" % min(times), "iter_ms_max": "%.4f" % max(times),
+               "peak_gib": "%.4f" % peak, "host_ms_median": "%.4f" % qm.median(host),
+               "plan_summary": summary}
+        measured_rows.append(row)
+        write_measured(out, measured_rows)
+        log("%s/%s: median %.2f ms, peak %.2f GiB (%s)" % (
+            name, pn, qm.median(times), peak, summary))
+    del model
+    free_memory(torch)
+
+
+def write_measured(out, rows):
+    """OUT/measured.csv, one row per case (model/plan)."""
+    with open(os.path.join(out, "measured.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=MEASURED_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+# ------------------------------------------------------------------- lowbit-plan calls
+
+def plan_args(out, name, tmp, precisions=None, gz=False):
+    """lowbit-plan's model, cluster and trace arguments for case `name`: the gzipped
+    traces as they are when the binary reads .gz (`gz`), else plain copies in `tmp`."""
+    tdir = os.path.join(out, "traces")
+    use = (lambda t: t) if gz else (lambda t: qm.gunzip_to(t, tmp))
+    inst, plain = [], []
+    for p in precisions or PRECISIONS:
+        t = os.path.join(tdir, "%s_%s.json.gz" % (name, p))
+        if not os.path.exists(t):
+            continue
+        inst.append("%s=%s" % (p, use(t)))
+        for kind in ("host", "plain"):  # host timing without a profiler, if there
+            plain_gz = os.path.join(tdir, "%s_%s_%s.json.gz" % (name, p, kind))
+            if os.path.exists(plain_gz):
+                plain.append("%s=%s" % (p, use(plain_gz)))
+                break
+    if not inst:
+        raise RuntimeError("no traces for %s under %s" % (name, tdir))
+    cluster = qm.write_json(os.path.join(out, "cluster.json"), qm.cluster_json("H200"))
+    a = ["--model", os.path.join(out, "%s.model.json" % name), "--cluster", cluster,
+         "--traces", ",".join(inst)]
+    if plain:
+        a += ["--plain-traces", ",".join(plain)]
+    return a
+
+
+def reads_gz(binary, out, name):
+    """True when `binary` reads gzipped traces (built with zlib)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = qm.write_json(os.path.join(tmp, "p.json"), qm.uniform_plan("fp32"))
+        argv = plan_args(out, name, tmp, gz=True) + ["--plan", plan]
+        return subprocess.run([binary] + argv, capture_output=True).returncode == 0
+
+
+def lowbit_plan(binary, argv):
+    """Runs lowbit-plan; its failure (with its message) is this script's error."""
+    r = subprocess.run([binary] + argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("lowbit-plan %s failed (%d): %s" % (" ".join(argv), r.returncode,
+                                                               r.stderr.strip()))
+    return r.stdout
+
+
+def allocator_plans(args, name, out, pdir):
+    """lowbit-plan's own plans at two targets: a third and two thirds of the way from the
+    predicted uniform-bf16 time to the predicted uniform-fp32 time."""
+    os.makedirs(pdir, exist_ok=True)
+    plans = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = plan_args(out, name, tmp, gz=reads_gz(args.lowbit_plan, out, name))
+        pred = os.path.join(tmp, "pred.json")
+        lowbit_plan(args.lowbit_plan, base + ["--json", pred])
+        rows = {p["name"]: p["iteration_ms"] for p in qm.read_json(pred)["plans"]}
+        fp32 = rows["uniform fp32, fp32 buckets"]
+        bf16 = rows.get("uniform bf16, fp32 buckets", rows["uniform fp16, fp32 buckets"])
+        for k, frac in (("alloc-1", 1.0 / 3.0), ("alloc-2", 2.0 / 3.0)):
+            target = bf16 + frac * (fp32 - bf16)
+            path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
+            lowbit_plan(args.lowbit_plan, base + ["--target-ms", "%.4f" % target, "--out", path,
+                                                  "--comm-bits", "32"])
+            plans[k] = qm.read_json(path)
+            log("%s: allocator plan %s at %.2f ms" % (name, k, target))
+    return plans
+
+
+def predict(args):
+    """Runs lowbit-plan --plan for every measured case and writes the validation table."""
+    if not args.lowbit_plan:
+        raise SystemExit("validate.py --predict needs --lowbit-plan BIN")
+    with open(os.path.join(args.out, "measured.csv")) as f:
+        measured = list(csv.DictReader(f))
+    predicted, commands = {}, []
+    pdir = os.path.join(args.out, "predicted")
+    os.makedirs(pdir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in dict.fromkeys(m["model"] for m in measured):
+            gz = reads_gz(args.lowbit_plan, args.out, name)
+            base = plan_args(args.out, name, tmp, gz=gz)
+            for m in (m for m in measured if m["model"] == name):
+                plan = os.path.join(args.out, "plans", "%s_%s.json" % (name, m["plan"]))
+                pred = os.path.join(pdir, "%s_%s.json" % (name, m["plan"]))
+                argv = base + ["--plan", plan, "--json", pred]
+                lowbit_plan(args.lowbit_plan, argv)
+                commands.append("lowbit-plan " + " ".join(argv))
+                j = qm.read_json(pred)["plans"][0]
+                predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
+                                        "memory_gib": j["groups"][0]["memory_gib"]}
+    rows = qm.validation_rows(predicted, measured)
+    table = qm.markdown_table(rows)
+    with open(os.path.join(args.out, "validation.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "validation.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["case"])
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(args.out, "predict_commands.txt"), "w") as f:
+        f.write("\n".join(commands) + "\n")
+    print(table, flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------ main
+
+def parse_args(argv=None):
+    """The command line (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--lowbit-plan", default="", help="path of the built lowbit-plan binary")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations per plan (>= 20)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
+    ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps per trace")
+    ap.add_argument("--host-iters", type=int, default=10,
+                    help="steps timed without a profiler for the host time per precision")
+    ap.add_argument("--predict", action="store_true", help="only run lowbit-plan on OUT")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny models on the CPU: checks the pipeline, measures nothing")
+    a = ap.parse_args(argv)
+    unknown = [c for c in a.cases.split(",") if c not in CASES]
+    if unknown:
+        ap.error("unknown case(s): " + ", ".join(unknown))
+    if a.lowbit_plan and not os.access(a.lowbit_plan, os.X_OK):
+        ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
+    if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1 or a.host_iters < 1:
+        ap.error("--iters, --profile-steps must be positive, --warmup non-negative")
+    return a
+
+
+def main(argv=None):
+    """Run mode, or --predict; returns the exit status."""
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.predict:
+        return predict(args)
+    try:
+        import torch
+    except ImportError:
+        print("validate.py: torch is not installed (use --predict to only predict)",
+              file=sys.stderr)
+        return 2
+    args.device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        print("validate.py: no CUDA device (--smoke checks the pipeline on the CPU)",
+              file=sys.stderr)
+        return 2
+    torch.backends.cudnn.benchmark = False
+    for d in ("traces", "plans"):
+        os.makedirs(os.path.join(args.out, d), exist_ok=True)
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (smoke)"}
+    try:  # reported, not changed: "fp32" convolutions use TF32 by PyTorch's default
+        env["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+        env["matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    except Exception:  # noqa: BLE001 (a newer torch may drop these flags)
+        pass
+    with open(os.path.join(args.out, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    log("torch %s on %s" % (env["torch"], env["gpu"]))
+    rows = []
+    for name in args.cases.split(","):
+        run_case(torch, args, name, CASES[name], args.out, rows)
+    log("measured %d plans; %s" % (len(rows), os.path.join(args.out, "measured.csv")))
+    if args.lowbit_plan:
+        predict(args)
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 (report any failure with a nonzero status)
+        import traceback
+
+        traceback.print_exc()
+        print("validate.py: error: %s" % e, file=sys.stderr)
+        sys.exit(1)
