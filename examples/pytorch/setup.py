@@ -11,6 +11,8 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lowbit_torch"))
 import _build  # noqa: E402  (the same source list and flags as the just-in-time build)
 
+os.environ.update(_build.compilers())  # a compiler that links libstdc++ shared
+
 setup(
     name="lowbit_torch",
     version="0.1.0",

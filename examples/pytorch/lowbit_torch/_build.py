@@ -6,8 +6,11 @@
 ``decode``, ``frame_bytes``): a few sources instead of every collective, for
 simulations and codec tests that need no communicator."""
 
+import contextlib
 import glob
 import os
+import shutil
+import subprocess
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(_HERE, "csrc")
@@ -45,6 +48,76 @@ def include_dir():
         "directory holding lowbit/lowbit.hpp (e.g. <prefix>/include after cmake --install)")
 
 
+def loaded_libstdcxx(maps="/proc/self/maps"):
+    """The libstdc++ this process has loaded (torch loads one), resolved; None when none
+    is loaded or the process map cannot be read (not Linux)."""
+    try:
+        with open(maps) as fh:
+            for line in fh:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libstdc++.so" in path:
+                    return os.path.realpath(path)
+    except OSError:
+        pass
+    return None
+
+
+def compiler_libstdcxx(cxx):
+    """The libstdc++ shared library that the C++ compiler `cxx` links, resolved; None when
+    it has only the static archive (or cannot say)."""
+    try:
+        out = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return os.path.realpath(out) if os.path.isabs(out) and os.path.exists(out) else None
+
+
+def compilers(env=None, loaded=None, fallbacks=(("/usr/bin/g++", "/usr/bin/gcc"),
+                                                 ("/usr/bin/c++", "/usr/bin/cc"))):
+    """Environment overrides (CXX and CC) for building the extension.
+
+    The module must link the libstdc++ that the Python process runs: a compiler with
+    another one (a toolchain of its own under /opt, or one with only the static archive)
+    puts a second copy beside it, the two disagree on the locale, and the module's first
+    formatted message (any error it raises) crashes the process. So the compiler named by
+    CXX, else the default c++, is kept when its libstdc++ is the loaded one; else the
+    first fallback whose libstdc++ is, with a message. When the process has loaded none
+    (torch not imported yet) nothing is overridden. Raises when no compiler qualifies."""
+    env = os.environ if env is None else env
+    loaded = loaded_libstdcxx() if loaded is None else loaded
+    chosen = env.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not loaded or chosen is None or compiler_libstdcxx(chosen) == loaded:
+        return {}
+    for cxx, cc in fallbacks:
+        if os.path.exists(cxx) and compiler_libstdcxx(cxx) == loaded:
+            print(f"lowbit_torch: building with {cxx}, not {chosen}: {chosen} links "
+                  f"{compiler_libstdcxx(chosen) or 'a static libstdc++'} where this process "
+                  f"runs {loaded}")
+            return {"CXX": cxx, "CC": cc}
+    raise RuntimeError(
+        f"lowbit_torch: the C++ compiler {chosen} links "
+        f"{compiler_libstdcxx(chosen) or 'a static libstdc++'}, not the {loaded} this "
+        "process runs; the module would crash on its first error message. Set CXX (and CC) "
+        "to a compiler of the same libstdc++ (usually the distribution's g++)")
+
+
+@contextlib.contextmanager
+def build_environment():
+    """The process environment with compilers() applied, for the length of a build."""
+    overrides = compilers()
+    saved = {k: os.environ.get(k) for k in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 _EXT = None
 
 
@@ -64,15 +137,16 @@ def extension():
         from torch.utils.cpp_extension import load
 
         defines = ["-DLOWBIT_TORCH_CODEC_ONLY"] if only else []
-        _EXT = load(
-            name="lowbit_torch_codec_C" if only else "lowbit_torch_C",
-            sources=sources(only),
-            extra_include_paths=[include_dir(), CSRC],
-            extra_cflags=CXX_FLAGS + defines,
-            extra_cuda_cflags=CUDA_FLAGS + defines,  # arches: $TORCH_CUDA_ARCH_LIST or the GPUs'
-            extra_ldflags=["-lnccl"],
-            verbose=os.environ.get("LOWBIT_TORCH_VERBOSE") == "1",
-        )
+        with build_environment():
+            _EXT = load(
+                name="lowbit_torch_codec_C" if only else "lowbit_torch_C",
+                sources=sources(only),
+                extra_include_paths=[include_dir(), CSRC],
+                extra_cflags=CXX_FLAGS + defines,
+                extra_cuda_cflags=CUDA_FLAGS + defines,  # arches: $TORCH_CUDA_ARCH_LIST or the GPUs'
+                extra_ldflags=["-lnccl"],
+                verbose=os.environ.get("LOWBIT_TORCH_VERBOSE") == "1",
+            )
     return _EXT
 
 
