@@ -1,0 +1,143 @@
+"""A GPT-2-like byte-level language model trained with DistributedDataParallel, its
+gradients all-reduced by lowbit's hook, by DDP's default all-reduce or by torch's
+bf16_compress_hook: the example of using lowbit from a DDP script, and the step-time
+comparison.
+
+  torchrun --nproc-per-node 2 examples/pytorch/train/train_gpt_ddp.py --comm lowbit --bits 4
+  torchrun --nproc-per-node 2 examples/pytorch/train/train_gpt_ddp.py --comm nccl
+  torchrun --nproc-per-node 2 examples/pytorch/train/train_gpt_ddp.py --comm bf16
+
+Each rank draws its own batches (seeded by --seed and its rank) from the Python standard
+library's sources; rank 0 prints the validation loss at the end, the median step time
+over the timed steps (CUDA events around forward, backward with the all-reduce, and the
+optimizer step), and the hook's counters. --device cpu runs the nccl and bf16 paths over
+gloo as a smoke test (lowbit's collectives need CUDA).
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from corpus import Corpus  # noqa: E402
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--comm", choices=["lowbit", "nccl", "bf16"], default="lowbit")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--feedback", default="residual")
+    ap.add_argument("--grid", default="zero")
+    ap.add_argument("--rounding", default="nearest")
+    ap.add_argument("--crossover", default="auto", help="'auto' or bytes")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--timed", type=int, default=50, help="the last steps timed")
+    ap.add_argument("--batch", type=int, default=32, help="sequences per rank per step")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--width", type=int, default=384)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
+    rank = int(os.environ.get("RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    cuda = args.device == "cuda"
+    if cuda:
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        # device_id makes the communicator now: lowbit borrows it at the hook's creation.
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    else:
+        if args.comm == "lowbit":
+            sys.exit("train_gpt_ddp.py: --comm lowbit needs --device cuda")
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    train(args, rank, local, world, device, cuda)
+    # lowbit's collectives borrow the process group's communicator: they go first.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train(args, rank, local, world, device, cuda):
+    """Trains, evaluates and prints (rank 0); every object it made is gone on return."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(args.seed)  # the same initial model on every rank
+    cfg = GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=args.width,
+                     n_layer=args.layers, n_head=max(1, args.width // 64), resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[local] if cuda else None, bucket_cap_mb=args.bucket_mb)
+    state = None
+    if args.comm == "lowbit":
+        import lowbit_torch
+
+        crossover = args.crossover if args.crossover == "auto" else int(args.crossover)
+        state = lowbit_torch.DDPState(bits=args.bits, grid=args.grid, rounding=args.rounding,
+                                      feedback=args.feedback, crossover=crossover,
+                                      seed=args.seed)
+        ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
+    elif args.comm == "bf16":
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+
+    corpus = Corpus(device, args.seq)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                            weight_decay=0.1, fused=cuda)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16)
+    times = []
+    for step in range(args.steps):
+        b = corpus.batch(gen, args.batch)
+        timed = cuda and step >= args.steps - args.timed
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        opt.zero_grad(set_to_none=True)
+        with amp:
+            logits = ddp(b[:, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), b[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        if timed:
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+
+    ddp.eval()
+    with torch.no_grad(), amp:
+        val = [torch.nn.functional.cross_entropy(
+            ddp.module(v[:, :-1]).logits.float().reshape(-1, 256), v[:, 1:].reshape(-1))
+            for v in corpus.val_batches(256, 32)]
+    val_loss = torch.stack(val).mean()
+    dist.all_reduce(val_loss)  # identical parameters give identical losses; averaged anyway
+    if rank == 0:
+        print(f"comm={args.comm} bits={args.bits if args.comm == 'lowbit' else '-'} "
+              f"ranks={world} steps={args.steps} val_loss={val_loss.item() / world:.4f}")
+        if times:
+            print(f"step time: median {statistics.median(times):.2f} ms over the last "
+                  f"{len(times)} steps (min {min(times):.2f}, max {max(times):.2f})")
+        if state is not None:
+            print(f"lowbit: {state.stats()}")
+
+
+if __name__ == "__main__":
+    main()
