@@ -49,7 +49,27 @@ class _Staging:
         return b
 
 
-class ReduceScatter(_ReduceScatterBase):
+class _Handles:
+    """What both collectives share: FSDP's allocate(), one lowbit collective per buffer
+    shape (made on first use), the staging buffers and a call counter."""
+
+    def _setup(self):
+        self._handles = {}
+        self._staging = _Staging()
+        self.calls = 0
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def _handle(self, key, make):
+        h = self._handles.get(key)
+        if h is None:
+            h = self._handles[key] = make()
+        self.calls += 1
+        return h
+
+
+class ReduceScatter(_Handles, _ReduceScatterBase):
     """lowbit's reduce_scatter for ``FSDPModule.set_custom_reduce_scatter``.
 
     bits 1, 2, 4 or 8; grid "zero" or "full"; rounding "nearest" or "stochastic";
@@ -60,12 +80,7 @@ class ReduceScatter(_ReduceScatterBase):
     def __init__(self, bits=4, grid="zero", rounding="nearest", feedback="residual", seed=0):
         self.bits, self.grid, self.rounding = bits, grid, rounding
         self.feedback, self.seed = feedback, seed
-        self._handles = {}  # (count, dtype, average) -> ShardCollective
-        self._staging = _Staging()
-        self.calls = 0
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
+        self._setup()  # a collective per (count, dtype, average)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         average = _average(op)
@@ -76,14 +91,10 @@ class ReduceScatter(_ReduceScatterBase):
                              f"{output_tensor.numel()} do not form {world} equal chunks")
         chunk = count // world
         padded = _padded(chunk)
-        key = (padded * world, input_tensor.dtype, average)
-        h = self._handles.get(key)
-        if h is None:
-            h = extension().ShardCollective.reduce_scatter(
-                communicator(group), input_tensor.dtype, padded * world, self.bits, self.grid,
-                self.rounding, self.feedback, average, self.seed)
-            self._handles[key] = h
-        self.calls += 1
+        h = self._handle((padded * world, input_tensor.dtype, average),
+                         lambda: extension().ShardCollective.reduce_scatter(
+                             communicator(group), input_tensor.dtype, padded * world, self.bits,
+                             self.grid, self.rounding, self.feedback, average, self.seed))
         if padded == chunk:
             h.run(input_tensor, output_tensor)
             return None
@@ -96,7 +107,7 @@ class ReduceScatter(_ReduceScatterBase):
         return None
 
 
-class AllGather(_AllGatherBase):
+class AllGather(_Handles, _AllGatherBase):
     """lowbit's all_gather for ``FSDPModule.set_custom_all_gather``: each rank's shard is
     encoded once and every rank decodes every shard (its own too), so all ranks hold the
     same unsharded weights. Lossy: the forward and backward passes see quantized weights
@@ -104,12 +115,7 @@ class AllGather(_AllGatherBase):
 
     def __init__(self, bits=8, grid="full", rounding="nearest", seed=0):
         self.bits, self.grid, self.rounding, self.seed = bits, grid, rounding, seed
-        self._handles = {}
-        self._staging = _Staging()
-        self.calls = 0
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
+        self._setup()  # a collective per (count, dtype)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         world = group.size()
@@ -118,14 +124,10 @@ class AllGather(_AllGatherBase):
             raise ValueError(f"lowbit_torch.AllGather: output has {output_tensor.numel()} values, "
                              f"expected {world} x {chunk}")
         padded = _padded(chunk)
-        key = (padded * world, input_tensor.dtype)
-        h = self._handles.get(key)
-        if h is None:
-            h = extension().ShardCollective.all_gather(
-                communicator(group), input_tensor.dtype, padded * world, self.bits, self.grid,
-                self.rounding, self.seed)
-            self._handles[key] = h
-        self.calls += 1
+        h = self._handle((padded * world, input_tensor.dtype),
+                         lambda: extension().ShardCollective.all_gather(
+                             communicator(group), input_tensor.dtype, padded * world, self.bits,
+                             self.grid, self.rounding, self.seed))
         if padded == chunk:
             h.run(input_tensor, output_tensor)
             return None

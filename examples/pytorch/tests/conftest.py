@@ -11,6 +11,18 @@ import torch.distributed as dist
 import lowbit_torch
 
 
+def fully_shard_with_lowbit(model):
+    """fully_shard on each Linear and on the model, then lowbit's collectives on every FSDP
+    module (4-bit reduce-scatter, 8-bit all-gather); returns how many modules were set."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4}, all_gather={"bits": 8})
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import lowbit_torch
+from conftest import fully_shard_with_lowbit
 
 FEEDBACK = ["none", "residual", "residual_bf16", "ef21"]
 
@@ -98,17 +99,10 @@ def test_fsdp_collectives_follow_torchs_contract(ext, one_rank_group, dtype, cou
 
 
 def test_apply_fsdp_sets_every_module(ext, one_rank_group):
-    from torch.distributed.fsdp import fully_shard
-
     batches = _batches("cuda")
     reference = _train(_model().cuda(), batches)
     model = _model().cuda()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    assert lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4},
-                                   all_gather={"bits": 8}) == 4
+    assert fully_shard_with_lowbit(model) == 4
     trained = _train(model, batches)
     for a, b in zip(reference, trained):
         assert torch.equal(a, b.full_tensor())

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import lowbit_torch
+from conftest import fully_shard_with_lowbit
 
 pytestmark = pytest.mark.skipif(os.environ.get("WORLD_SIZE") != "2",
                                 reason="needs torchrun --nproc-per-node 2")
@@ -125,15 +126,8 @@ def test_ddp_with_the_hook_keeps_both_ranks_identical(ext, group):
 
 
 def test_fsdp_with_lowbit_collectives_keeps_both_ranks_identical(ext, group):
-    from torch.distributed.fsdp import fully_shard
-
     model = _model()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    assert lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4},
-                                   all_gather={"bits": 8}) == 4
+    assert fully_shard_with_lowbit(model) == 4
     losses = _train(model)
     assert all(torch.isfinite(torch.tensor(losses)))
     flat = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
