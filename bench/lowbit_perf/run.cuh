@@ -247,12 +247,13 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       lowbit::hierarchical_all_reduce<T, codec, typename Collective::feedback_type,
                                       lowbit::full_precision, typename Collective::schedule_type>;
   const int G = Kind == coll_kind::all_reduce ? o.ranks_per_node : 0;
-  LOWBIT_EXPECTS(G == 0 || (G >= 1 && P % G == 0),
+  const int G1 = std::max(G, 1);  // G is the constant 0 where Kind is not all_reduce
+  LOWBIT_EXPECTS(G == 0 || (G >= 1 && P % G1 == 0),
                  "lowbit-perf: --ranks-per-node must divide the number of ranks");
   lowbit::comm::node_comms<lowbit::comm::nccl_comm> nodes;
   std::unique_ptr<hier_type> hier;
   if (G > 0) {
-    nodes = lowbit::comm::split_by_node(comm, rank / G);
+    nodes = lowbit::comm::split_by_node(comm, rank / G1);
     hier = std::make_unique<hier_type>(nodes.intra, nodes.inter, max_count, copts);
   }
   cudaStream_t stream;
@@ -287,7 +288,7 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       std::printf(
           "# hier: %d nodes x %d ranks; hier columns: its time, busbw (of the whole "
           "job), #wrong and speedup over NCCL's flat all-reduce\n",
-          P / G, G);
+          P / G1, G);
     std::printf("#%11s %12s %6s %5s | %10s %8s %8s %7s | %10s %8s %8s | %7s %6s %9s", "size",
                 "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong", "nccl(us)",
                 "algbw", "busbw", "speedup", "wire", "rel_err");
