@@ -227,6 +227,18 @@ def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, 
     return out
 
 
+def consumer_counts(model: dict) -> Dict[str, int]:
+    """Op name -> how many later ops list it as an input (directly or through the code
+    between modules). The plan applier keeps an op's own output for its consumers until
+    the last of them has started, then lets it go."""
+    out: Dict[str, int] = {o["name"]: 0 for o in model["ops"]}
+    for o in model["ops"]:
+        for i in dict.fromkeys(o.get("inputs", [])):
+            if i in out:
+                out[i] += 1
+    return out
+
+
 def ambient_precision(precisions: Dict[str, str]) -> str:
     """The precision most parameters' ops run at: the plan applier runs the whole step
     under it (autocast for 16 bits) and wraps only the ops that differ."""
