@@ -37,7 +37,8 @@ if torch is not None:
 
         def forward(self, x):
             b, s, h = x.shape
-            split = lambda t: t.view(b, s, self.heads, h // self.heads).transpose(1, 2)  # noqa: E731
+            n = self.heads
+            split = lambda t: t.view(b, s, n, h // n).transpose(1, 2)  # noqa: E731
             a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
                                                split(self.v(x)))
             y = self.o(a.transpose(1, 2).reshape(b, s, h))
