@@ -31,8 +31,9 @@ def trim(trace: dict, step: int = -1) -> dict:
     gpu_side = GPU_CATS | {"gpu_user_annotation"}
     host = [e for e in ev if e.get("ph") == "X" and e.get("cat") not in gpu_side
             and lo <= e["ts"] <= hi]
-    corr = {e["args"]["correlation"] for e in host if e.get("cat") in ("cuda_runtime", "cuda_driver")
-            and "correlation" in e.get("args", {})}
+    runtime = ("cuda_runtime", "cuda_driver")
+    corr = {e["args"]["correlation"] for e in host
+            if e.get("cat") in runtime and "correlation" in e.get("args", {})}
     gpu = [e for e in ev if e.get("ph") == "X" and e.get("cat") in GPU_CATS
            and e.get("args", {}).get("correlation") in corr]
     keep = [e for e in ev if e.get("ph") == "M"] + host + gpu
