@@ -112,6 +112,46 @@ TEST_CASE("memory: fp32 weights, gradients and state plus activations, 16-bit fl
   REQUIRE(clamp_precision(op_kind::conv, precision::int8) == precision::int8);
 }
 
+TEST_CASE("memory: an edge cast the consumer saves, where the profile shared its input") {
+  // relu keeps its output (1000 elements); the conv after it saved nothing of its own in
+  // the uniform profiles (the storage was relu's), the bn after the conv saved its input.
+  using P = precision;
+  op relu;
+  relu.name = "relu";
+  relu.kind = op_kind::relu;
+  relu.output_numel = 1000;
+  relu.saved_bytes[index_of(P::fp32)] = 4000;
+  relu.saved_bytes[index_of(P::fp16)] = 2000;
+  op conv = linear_op("conv", {"relu"}, 10, 0, 1000);
+  conv.kind = op_kind::conv;
+  conv.saved_bytes[index_of(P::fp32)] = 0;
+  conv.saved_bytes[index_of(P::fp16)] = 0;
+  op bn = linear_op("bn", {"conv"}, 2, 0, 1000);
+  bn.kind = op_kind::batch_norm;
+  bn.saved_bytes[index_of(P::fp32)] = 4000;
+  bn.saved_bytes[index_of(P::fp16)] = 2000;
+  const op_graph g({relu, conv, bn});
+  // Uniform: the profiles' own sharing, no copies.
+  REQUIRE(memory_bytes(g, {P::fp32, P::fp32, P::fp32}, 0).cast_copies == 0);
+  REQUIRE(memory_bytes(g, {P::fp16, P::fp16, P::fp16}, 0).cast_copies == 0);
+  // relu at fp32, conv at fp16: the conv keeps the fp16 cast of relu's output (2000
+  // bytes) beside relu's fp32 one; bn at fp32 casts the conv's output too, but its
+  // profile holds its input already (4000 bytes at fp32): nothing added there.
+  const auto m = memory_bytes(g, {P::fp32, P::fp16, P::fp32}, 0);
+  REQUIRE(m.cast_copies == 2000);
+  REQUIRE(m.total() ==
+          m.weights + m.gradients + m.activations + m.weight_copies + 2000 + m.workspace);
+  // tf32 and fp32 share storage: no cast, no copy.
+  REQUIRE(memory_bytes(g, {P::fp32, P::tf32, P::fp32}, 0).cast_copies == 0);
+  // Several producers seen through the code between modules are one input: the largest.
+  op q = linear_op("q", {}, 10, 0, 1000), k = linear_op("k", {}, 10, 0, 1000);
+  op o = linear_op("o", {"q", "k"}, 10, 0, 1000);
+  o.saved_bytes[index_of(P::fp16)] = 0;
+  const op_graph att({q, k, o});
+  REQUIRE(memory_bytes(att, {P::fp32, P::fp32, P::fp16}, 0).cast_copies == 2000);
+  REQUIRE(memory_bytes(att, {P::fp32, P::fp16, P::fp16}, 0).cast_copies == 2000);
+}
+
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   op ln;
   ln.name = "ln";

@@ -3,15 +3,41 @@
 The whole step runs under the plan's ambient precision (the one most parameter ops
 take: autocast at fp16/bf16, nothing at fp32), exactly as a uniform profile ran, and
 only the ops whose precision differs, or whose input comes at another precision, are
-wrapped, per call (qsync_model.ops_to_wrap):
+wrapped, per call (qsync_model.ops_to_wrap, resolve_precisions):
 
 - a 16-bit op runs under ``torch.autocast(dtype)`` with its floating inputs cast to
   that dtype (a norm is on none of autocast's lists and would follow an fp32 input);
 - an fp32 op turns autocast off and casts its floating inputs to fp32;
-- parameter-free ops are not wrapped: without autocast a PyTorch op keeps its input's
-  dtype, which is lowbit's rule that they follow their input.
+- a parameter-free op follows its first input (lowbit's rule); when that puts it at
+  another precision than the ambient one it is wrapped the same way.
 
-Ops are named as export.py names them (module name, ``#k`` for the k-th call).
+Ops talk to ops at their own precisions, everything else sees the ambient one: an op
+at another precision than the ambient returns its floating outputs cast to the
+ambient dtype, and keeps its own (uncast) outputs for the ops that consume it. The code
+between modules (attention's ``F.scaled_dot_product_attention``, residual adds,
+in-place updates, the loss) therefore always gets tensors of one dtype, whatever the
+plan: without the cast, q's Linear at fp32 with k and v at fp16 outside autocast is an
+error in ``scaled_dot_product_attention``, and an fp32 output added in place into a
+16-bit tensor is one too. The ambient dtype is also what lowbit-plan costs that code
+at: it is the profile's tail, taken from the plan's dominant precision.
+
+How the casts map onto the cost model's cast nodes (one per edge whose producer runs
+at another precision than its consumer, forward and backward):
+
+- producer at p != ambient, consumer op at the ambient: the output's cast to the
+  ambient is the edge's cast (one per producer where the model counts one per edge);
+- producer at the ambient, consumer op at c != ambient: the consumer casts its input;
+- producer at p != ambient, consumer op at c != ambient: the consumer takes the
+  producer's own output (no double rounding through the ambient dtype), cast to c
+  when c != p, not cast at all when c == p: exactly the model's edge casts;
+- what the model does not count: the forward cast to the ambient of an op at another
+  precision whose outputs only ops consume (one cast of its output, launched and
+  dropped; it saves nothing, so it has no backward), and the casts into and out of the
+  code between modules, which is costed as the ambient profile's tail anyway.
+
+An op's own outputs are released once every op the model JSON lists as consuming it
+has started, so they are not kept longer than the cast they stand for. Ops are named
+as export.py names them (module name, ``#k`` for the k-th call).
 """
 
 from __future__ import annotations
@@ -21,7 +47,8 @@ from typing import Dict
 import torch
 
 from export import DTYPES, _Calls, leaf_modules, precision_context
-from qsync_model import ambient_precision, module_of, ops_to_wrap, plan_precisions
+from qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
+                         plan_precisions, resolve_precisions)
 
 
 def _cast(x, dtype):
@@ -37,6 +64,23 @@ def _cast(x, dtype):
     return x
 
 
+def _cast_keeping(x, dtype, pairs):
+    """`x` with its floating tensors cast to `dtype`; appends (cast, original) to
+    `pairs` for every tensor the cast changed."""
+    if isinstance(x, torch.Tensor):
+        y = _cast(x, dtype)
+        if y is not x:
+            pairs.append((y, x))
+        return y
+    if isinstance(x, tuple):
+        return tuple(_cast_keeping(y, dtype, pairs) for y in x)
+    if isinstance(x, list):
+        return [_cast_keeping(y, dtype, pairs) for y in x]
+    if isinstance(x, dict):
+        return {k: _cast_keeping(v, dtype, pairs) for k, v in x.items()}
+    return x
+
+
 class applied_plan:
     """Context manager that installs the wrappers; ``step_context()`` is the ambient
     context a training step's forward and loss run in."""
@@ -46,11 +90,22 @@ class applied_plan:
         self.model, self.device_type = model, device_type
         self.per_op: Dict[str, str] = plan_precisions(plan, model_json)
         self.ambient = ambient_precision(self.per_op)
+        self.resolved: Dict[str, str] = resolve_precisions(self.per_op, model_json)
+        # Ops with parameters at another precision or fed by one, and parameter-free ops
+        # that follow an input at another precision than the ambient.
         self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)
+        self.wrapped.update({n: p for n, p in self.resolved.items() if p != self.ambient})
+        self.consumers = consumer_counts(model_json)
+        self.inputs = {o["name"]: list(dict.fromkeys(o.get("inputs", [])))
+                       for o in model_json["ops"]}
         modules = dict(model.named_modules())
         unknown = [op for op in self.per_op if module_of(op) not in modules]
         if unknown:
             raise ValueError("plan names ops with no module: %s" % ", ".join(unknown[:5]))
+        bad = sorted({p for p in self.wrapped.values() if p not in DTYPES} |
+                     ({self.ambient} - set(DTYPES)))
+        if bad:
+            raise ValueError("precision(s) %s cannot be applied by autocast" % ", ".join(bad))
 
     def step_context(self):
         """The ambient precision's context (autocast at 16 bits)."""
@@ -67,38 +122,93 @@ class applied_plan:
 
     def __enter__(self):
         self.calls = _Calls(self.model)
-        self.handles = []
+        # id(cast) -> (cast, original), and the ids each op's outputs hold there, with the
+        # number of its consumers still to start.
+        self.kept: Dict[int, tuple] = {}
+        self.kept_by_op: Dict[str, list] = {}
+        self.pending: Dict[str, int] = {}
+        self.handles = [self.model.register_forward_pre_hook(lambda m, a: self._reset())]
         for name, m in leaf_modules(self.model):
             self._wrap(name, m)
         return self
 
+    def _reset(self):
+        """A new forward: nothing of the last one is consumed any more."""
+        self.kept.clear()
+        self.kept_by_op.clear()
+        self.pending.clear()
+
+    def _originals(self, x):
+        """`x` with every tensor that is an op's cast to the ambient replaced by the op's
+        own output (recursively through tuples, lists, dicts)."""
+        if isinstance(x, torch.Tensor):
+            k = self.kept.get(id(x))
+            return k[1] if k is not None and k[0] is x else x
+        if isinstance(x, tuple):
+            return tuple(self._originals(y) for y in x)
+        if isinstance(x, list):
+            return [self._originals(y) for y in x]
+        if isinstance(x, dict):
+            return {k: self._originals(v) for k, v in x.items()}
+        return x
+
+    def _started(self, op):
+        """`op` has taken its inputs: a producer whose consumers all have lets its own
+        outputs go."""
+        for i in self.inputs.get(op, ()):
+            if i in self.pending:
+                self.pending[i] -= 1
+                if self.pending[i] <= 0:
+                    del self.pending[i]
+                    for k in self.kept_by_op.pop(i, ()):
+                        self.kept.pop(k, None)
+
+    def _keep(self, op, pairs):
+        """Keeps `op`'s own outputs for its consumers (none kept for an op without)."""
+        n = self.consumers.get(op, 0)
+        if n <= 0 or not pairs:
+            return
+        ids = self.kept_by_op.setdefault(op, [])
+        for cast, own in pairs:
+            self.kept[id(cast)] = (cast, own)
+            ids.append(id(cast))
+        self.pending[op] = n
+
     def _wrap(self, name, m):
         stack = []
+        ambient = DTYPES[self.ambient]
 
         def pre(mod, args, kwargs):
             op = self.calls.next(mod, name)
+            foreign = self.resolved.get(op, self.ambient) != self.ambient
+            if foreign:  # an op at its own precision takes its producers' own outputs
+                args, kwargs = self._originals(args), self._originals(kwargs)
+            self._started(op)
             p = self.wrapped.get(op)
             if p is None:
-                stack.append(None)
-                return None
-            if p not in DTYPES:
-                raise ValueError("op %r: precision %r cannot be applied by autocast" % (op, p))
+                stack.append((op, None))
+                return (args, kwargs) if foreign else None
             if p == "fp32":
                 ctx = torch.autocast(self.device_type, enabled=False)
             else:
                 ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
             ctx.__enter__()
-            stack.append(ctx)
+            stack.append((op, ctx))
             # Inputs at the op's precision, as in the uniform profile: autocast would cast
             # a conv's or linear's anyway, but a norm (not on autocast's lists) follows
             # its input and would stay at fp32 after an fp32 op otherwise.
             return _cast(args, DTYPES[p]), _cast(kwargs, DTYPES[p])
 
         def post(mod, args, kwargs, out):
-            ctx = stack.pop() if stack else None
+            op, ctx = stack.pop() if stack else (None, None)
             if ctx is not None:
                 ctx.__exit__(None, None, None)
-            return None
+            if op is None or self.resolved.get(op, self.ambient) == self.ambient:
+                return None
+            pairs = []
+            cast = _cast_keeping(out, ambient, pairs)
+            self._keep(op, pairs)
+            return cast
 
         self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(m.register_forward_hook(post, with_kwargs=True))
@@ -107,5 +217,5 @@ class applied_plan:
         for h in self.handles:
             h.remove()
         self.calls.remove()
+        self._reset()
         return False
-

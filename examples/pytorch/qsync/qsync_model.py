@@ -227,6 +227,18 @@ def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, 
     return out
 
 
+def consumer_counts(model: dict) -> Dict[str, int]:
+    """Op name -> how many later ops list it as an input (directly or through the code
+    between modules). The plan applier keeps an op's own output for its consumers until
+    the last of them has started, then lets it go."""
+    out: Dict[str, int] = {o["name"]: 0 for o in model["ops"]}
+    for o in model["ops"]:
+        for i in dict.fromkeys(o.get("inputs", [])):
+            if i in out:
+                out[i] += 1
+    return out
+
+
 def ambient_precision(precisions: Dict[str, str]) -> str:
     """The precision most parameters' ops run at: the plan applier runs the whole step
     under it (autocast for 16 bits) and wraps only the ops that differ."""
@@ -302,7 +314,8 @@ TIME_TARGET_PCT, HOST_BOUND_TARGET_PCT, MEMORY_TARGET_PCT = 5.0, 15.0, 10.0
 def validation_rows(predicted: Dict[str, dict], measured: List[dict]) -> List[dict]:
     """Joins predictions (case -> {"iteration_ms", "memory_gib"}) with measured rows
     (measured.csv: case, batch, iter_ms_median, peak_gib, ...) into the validation
-    table's rows: case, predicted and measured time and memory, errors in percent, and
+    table's rows: case, predicted and measured time (the median; the min, max and host
+    time per step too where measured.csv has them) and memory, errors in percent, and
     whether each is within its target (time 5%, 15% at batch 1, the host-bound case;
     memory 10%)."""
     rows = []
@@ -314,7 +327,11 @@ def validation_rows(predicted: Dict[str, dict], measured: List[dict]) -> List[di
         t, mem = float(m["iter_ms_median"]), float(m["peak_gib"])
         te, me = error_pct(p["iteration_ms"], t), error_pct(p["memory_gib"], mem)
         target = HOST_BOUND_TARGET_PCT if int(m.get("batch", 0) or 0) == 1 else TIME_TARGET_PCT
-        rows.append({"case": case, "pred_ms": p["iteration_ms"], "meas_ms": t,
+        extra = {k: float(m[f]) for k, f in (("meas_min_ms", "iter_ms_min"),
+                                              ("meas_max_ms", "iter_ms_max"),
+                                              ("meas_host_ms", "host_ms_median"))
+                 if m.get(f) not in (None, "")}
+        rows.append({"case": case, "pred_ms": p["iteration_ms"], "meas_ms": t, **extra,
                      "time_err_pct": te, "time_target_pct": target,
                      "time_ok": abs(te) <= target, "pred_gib": p["memory_gib"], "meas_gib": mem,
                      "mem_err_pct": me, "mem_ok": abs(me) <= MEMORY_TARGET_PCT})

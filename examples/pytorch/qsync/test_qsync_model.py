@@ -131,7 +131,8 @@ class ModelJson(unittest.TestCase):
         pred = {"m/fp32": {"iteration_ms": 10.6, "memory_gib": 2.0},
                 "b1/fp32": {"iteration_ms": 11.0, "memory_gib": 1.0}}
         rows = qm.validation_rows(pred, [
-            {"case": "m/fp32", "batch": "256", "iter_ms_median": "10", "peak_gib": "2.5"},
+            {"case": "m/fp32", "batch": "256", "iter_ms_median": "10", "peak_gib": "2.5",
+             "iter_ms_min": "9", "iter_ms_max": "12", "host_ms_median": "3"},
             {"case": "b1/fp32", "batch": "1", "iter_ms_median": "10", "peak_gib": "1"},
             {"case": "m/x", "batch": "256", "iter_ms_median": "1", "peak_gib": "1"}])
         self.assertEqual(len(rows), 2)
@@ -139,6 +140,9 @@ class ModelJson(unittest.TestCase):
         self.assertFalse(rows[0]["time_ok"])  # 5% target
         self.assertTrue(rows[1]["time_ok"])  # host-bound: 15%
         self.assertAlmostEqual(rows[0]["mem_err_pct"], -20.0)
+        self.assertEqual((rows[0]["meas_min_ms"], rows[0]["meas_max_ms"], rows[0]["meas_host_ms"]),
+                         (9.0, 12.0, 3.0))
+        self.assertNotIn("meas_min_ms", rows[1])
         self.assertFalse(rows[0]["mem_ok"])
         table = qm.markdown_table(rows)
         self.assertIn("| m/fp32 | 10.60 | 10.00 | +6.0 | no (5%) | 2.00 | 2.50 | -20.0 | no (10%) |",

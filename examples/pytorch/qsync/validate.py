@@ -399,6 +399,26 @@ def allocator_plans(args, name, out, pdir):
     return plans
 
 
+def with_profile_host(out, row, measured):
+    """`row` with ``profile_host_ms`` after ``meas_host_ms``: the host time per step of the
+    plan's ambient precision as timed at profiling (traces/<case>_<p>_host.json.gz), the
+    host figure lowbit-plan was given. Beside the host time measured with the plan it
+    shows whether the machine's host side changed between profiling and measuring."""
+    summary = measured.get("plan_summary", "")
+    ambient = summary.split(";")[0].split()[-1] if summary.startswith("ambient") else ""
+    path = os.path.join(out, "traces", "%s_%s_host.json.gz" % (measured["model"], ambient))
+    if not ambient or not os.path.exists(path):
+        return row
+    steps = [e["dur"] / 1000.0 for e in qm.read_json(path)["traceEvents"]
+             if e.get("name", "").startswith("ProfilerStep#")]
+    out_row = {}
+    for k, v in row.items():
+        out_row[k] = v
+        if k == "meas_host_ms":
+            out_row["profile_host_ms"] = qm.median(steps)
+    return out_row
+
+
 def predict(args):
     """Runs lowbit-plan --plan for every measured case and writes the validation table."""
     if not args.lowbit_plan:
@@ -421,7 +441,9 @@ def predict(args):
                 j = qm.read_json(pred)["plans"][0]
                 predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
                                         "memory_gib": j["groups"][0]["memory_gib"]}
-    rows = qm.validation_rows(predicted, measured)
+    rows = [with_profile_host(args.out, r, m) for r, m in
+            zip(qm.validation_rows(predicted, measured), [m for m in measured
+                                                          if m["case"] in predicted])]
     table = qm.markdown_table(rows)
     with open(os.path.join(args.out, "validation.md"), "w") as f:
         f.write(table + "\n")

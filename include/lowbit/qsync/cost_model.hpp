@@ -200,10 +200,11 @@ struct memory_breakdown {
   double optimizer = 0.0;      ///< optimizer state
   double activations = 0.0;    ///< saved activations at each op's precision
   double weight_copies = 0.0;  ///< autocast's low-precision weight copies, saved for backward
+  double cast_copies = 0.0;    ///< edge casts' outputs saved for backward (cast_saves_copy)
   double workspace = 0.0;      ///< library workspace plus the largest gradient pair in flight
   /// Everything together, bytes.
   double total() const noexcept {
-    return weights + gradients + optimizer + activations + weight_copies + workspace;
+    return weights + gradients + optimizer + activations + weight_copies + cast_copies + workspace;
   }
 };
 
@@ -213,15 +214,37 @@ constexpr bool copies_weights(op_kind k) noexcept {
   return k != op_kind::batch_norm && k != op_kind::layer_norm && k != op_kind::embedding;
 }
 
+/// True for kinds that keep their input for backward (a GEMM for its weight gradient, a
+/// norm for its statistics' gradient).
+constexpr bool saves_input(op_kind k) noexcept {
+  return k == op_kind::conv || k == op_kind::linear || k == op_kind::matmul ||
+         k == op_kind::batch_norm || k == op_kind::layer_norm;
+}
+
+/// Bytes op `o`, at `p`, saves of a cast of an input of `input_numel` elements when its
+/// producer runs at another storage width: a uniform profile records each saved storage
+/// once, for the first op that saves it, so a conv after a ReLU (which keeps its output)
+/// records nothing for its input there. Once a cast sits on that edge the two no longer
+/// share: the producer keeps its output and the consumer the cast's, a storage the
+/// profile never saw. The profile shared it exactly when the op keeps its input
+/// (saves_input) and recorded less than that input at its width; otherwise the input is
+/// in its saved bytes already (at its width) and nothing is added.
+inline double cast_saves_copy(const op& o, precision p, double saved, double input_numel) {
+  const double bytes = input_numel * storage_bits(p) / 8.0;
+  return saves_input(o.kind) && saved < bytes ? bytes : 0.0;
+}
+
 /// Memory of one iteration with op `i` at `per_op[i]`: weights and gradients in fp32,
 /// optimizer state, and each op's saved activations: the size measured at its
 /// precision when the model has one, else its storage width (bits/32 of the fp32 size,
 /// 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
 /// low-precision conv or linear (copies_weights) at that width until backward has used
-/// it. The workspace is `workspace_mib` plus the gradients in flight at the worst point
-/// of backward: walking ops in reverse, op i holds its incoming and outgoing gradient
-/// (twice its output at its width) while what the ops before it in backward saved has
-/// been freed, so the term is max_i (2 out_i w_i - freed before i), at least 0.
+/// it. An edge cast whose output the consumer saves where the profile shared the input adds
+/// that output (cast_saves_copy; one input per op, two for a matmul). The workspace is
+/// `workspace_mib` plus the gradients in flight at the worst point of backward: walking ops in
+/// reverse, op i holds its incoming and outgoing gradient (twice its output at its width) while
+/// what the ops before it in backward saved has been freed, so the term is max_i (2 out_i w_i -
+/// freed before i), at least 0.
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0) {
   LOWBIT_EXPECTS(per_op.size() == g.size(), "one precision per op is needed");
@@ -239,10 +262,25 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     const double measured = o.saved_bytes[index_of(p)];
     const double saved = measured >= 0 ? measured : o.saved_numel * width;
     const double copy = storage_bits(p) < 32 && copies_weights(o.kind) ? o.param_numel * width : 0;
+    // One saved input per op (a matmul's two are both activations): the largest input
+    // that arrives at another width, so that producers seen through the code between
+    // modules (q, k and v behind attention, feeding o) count as the one input they make.
+    double casts = 0, other = 0;
+    for (std::size_t j : g.producers(*it)) {
+      if (storage_bits(clamp_precision(g.at(j).kind, per_op[j])) == storage_bits(p)) continue;
+      const double c = cast_saves_copy(o, p, saved, g.at(j).output_numel);
+      if (o.kind == op_kind::matmul) {
+        casts += c;
+      } else {
+        other = std::max(other, c);
+      }
+    }
+    casts += other;
     m.activations += saved;
     m.weight_copies += copy;
+    m.cast_copies += casts;
     in_flight = std::max(in_flight, 2.0 * o.output_numel * width - freed);
-    freed += saved + copy;
+    freed += saved + copy + casts;
   }
   m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;
   return m;

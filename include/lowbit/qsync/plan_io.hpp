@@ -353,6 +353,7 @@ inline nlohmann::ordered_json group_json(const simulator& sim, const evaluation&
                   {"optimizer", m.optimizer / gib},
                   {"activations", m.activations / gib},
                   {"weight_copies", m.weight_copies / gib},
+                  {"cast_copies", m.cast_copies / gib},
                   {"workspace", m.workspace / gib}};
   return gj;
 }

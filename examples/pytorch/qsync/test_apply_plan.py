@@ -1,0 +1,151 @@
+"""CPU tests of the plan applier (needs torch; CPU autocast in bfloat16):
+
+    python3 -m pytest examples/pytorch/qsync/test_apply_plan.py   (or python3 FILE)
+
+The failing shape: a module whose forward combines, in one functional op, the outputs of
+leaf modules the plan puts at different precisions (q's Linear at fp32, k's and v's at
+bf16, then F.scaled_dot_product_attention), and an fp32 output added in place into a
+16-bit one. Any plan the allocator may emit must run."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:  # the torch-free tests are test_qsync_model.py
+    torch = None
+
+if torch is not None:
+    import export as ex
+    import qsync_model as qm
+    from apply_plan import applied_plan
+
+    class Attention(nn.Module):
+        """q, k, v and o Linears, attention and a residual between them as functional
+        code (not modules), then a norm."""
+
+        def __init__(self, hidden=16, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+            self.ln = nn.LayerNorm(hidden)
+
+        def forward(self, x):
+            b, s, h = x.shape
+            n = self.heads
+            split = lambda t: t.view(b, s, n, h // n).transpose(1, 2)  # noqa: E731
+            a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
+                                               split(self.v(x)))
+            y = self.o(a.transpose(1, 2).reshape(b, s, h))
+            y += x  # in place: the ambient dtype must hold the result
+            return self.ln(y)
+
+    class Net(nn.Module):
+        def __init__(self, hidden=16):
+            super().__init__()
+            self.inp = nn.Linear(8, hidden)
+            self.att = Attention(hidden)
+            self.fc1 = nn.Linear(hidden, hidden)
+            self.act = nn.GELU()
+            self.fc2 = nn.Linear(hidden, 4)
+
+        def forward(self, x):
+            y = self.att(self.inp(x))
+            return self.fc2(self.act(self.fc1(y)))
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class AppliedPlan(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.model = Net()
+        self.x = torch.randn(2, 6, 8)
+        self.y = torch.randint(0, 4, (2, 6))
+        self.step = lambda: F.cross_entropy(self.model(self.x).flatten(0, 1), self.y.flatten())
+        records = ex.record_ops(self.model, self.step, "fp32", device_type="cpu")
+        self.model_json = qm.model_json(records, "net")
+
+    def run_plan(self, plan, seen=None):
+        """One training step under `plan`; `seen` (module name -> list) collects the
+        dtypes of each listed module's first input as the module gets it."""
+        self.model.zero_grad(set_to_none=True)
+        with applied_plan(self.model, plan, self.model_json, device_type="cpu") as ap:
+            hooks = []
+            for name in seen or {}:
+                m = dict(self.model.named_modules())[name]
+                hooks.append(m.register_forward_pre_hook(
+                    lambda mod, args, kwargs, n=name: seen[n].append(args[0].dtype),
+                    with_kwargs=True))
+            with ap.step_context():
+                loss = self.step()
+            loss.backward()
+            for h in hooks:
+                h.remove()
+        self.assertTrue(torch.isfinite(loss).item())
+        for n, p in self.model.named_parameters():
+            self.assertEqual(p.grad.dtype, torch.float32, n)
+        return ap
+
+    def test_mixed_attention_inputs_outside_autocast(self):
+        # Ambient fp32 (most ops), k and v at bf16: before the applier cast outputs back
+        # to the ambient dtype this raised "Expected query, key, and value to have the
+        # same dtype" in scaled_dot_product_attention.
+        ap = self.run_plan({"default": "fp32", "ops": {"att.k": "bf16", "att.v": "bf16"}})
+        self.assertEqual(ap.ambient, "fp32")
+
+    def test_fp32_ops_in_a_16_bit_ambient(self):
+        # Ambient bf16 with q and o at fp32: o's fp32 output is added in place into the
+        # residual, and fc1 -> fc2 at fp32 must pass fc1's own fp32 output, not its bf16
+        # cast (the edge has no cast in lowbit's model).
+        seen = {"att.o": [], "att.ln": [], "fc2": []}
+        ap = self.run_plan({"default": "bf16",
+                            "ops": {"att.q": "fp32", "att.o": "fp32", "fc1": "fp32",
+                                    "fc2": "fp32"}}, seen)
+        self.assertEqual(ap.ambient, "bf16")
+        self.assertEqual(seen["att.o"], [torch.float32])  # attention's output, cast by o
+        self.assertEqual(seen["att.ln"], [torch.bfloat16])  # the in-place sum, ambient
+        self.assertEqual(seen["fc2"], [torch.float32])  # act follows fc1 at fp32
+        self.assertEqual(ap.resolved["act"], "fp32")
+
+    def test_uniform_and_alternating_plans(self):
+        params = [o["name"] for o in self.model_json["ops"] if o["param_numel"] > 0]
+        for default in ("fp32", "bf16"):
+            ap = self.run_plan(qm.uniform_plan(default))
+            self.assertEqual(ap.wrapped, {})  # the profiled program itself
+            self.assertEqual(ap.kept, {})
+        # Every other parameter op at the other precision: every edge is mixed.
+        for first, second in (("fp32", "bf16"), ("bf16", "fp32")):
+            ops = {n: (first if k % 2 else second) for k, n in enumerate(params)}
+            ap = self.run_plan({"default": "fp32", "ops": ops})
+            self.assertEqual(ap.kept, {})  # nothing held past the step
+
+    def test_own_outputs_released_after_the_last_consumer(self):
+        # q at fp32 in a bf16 ambient: its own output is kept until the last op the model
+        # JSON lists as consuming it has started (o, and att.ln, which the recording sees
+        # reach q through the in-place residual), and let go then.
+        plan = {"default": "bf16", "ops": {"att.q": "fp32"}}
+        last = [o["name"] for o in self.model_json["ops"] if "att.q" in o["inputs"]][-1]
+        self.assertEqual(last, "att.ln")
+        with applied_plan(self.model, plan, self.model_json, device_type="cpu") as ap:
+            held = {}
+
+            def count(name):
+                def hook(mod, args):
+                    held.setdefault(name, len(ap.kept))  # returns None: args unchanged
+                return hook
+
+            hooks = [self.model.att.o.register_forward_pre_hook(count("att.o")),
+                     self.model.fc1.register_forward_pre_hook(count("fc1"))]
+            with ap.step_context():
+                self.step()
+            for h in hooks:
+                h.remove()
+        self.assertEqual(held, {"att.o": 1, "fc1": 0})
+
+if __name__ == "__main__":
+    unittest.main()
