@@ -10,7 +10,7 @@
 //            node): InterCodec, Feedback, stage 1 and stage 2 as in the flat all_reduce
 //   3 intra  all-gather of the reduced shards
 // Every rank's network link carries 1/G of the tensor, all rails at once. Every rank of a
-// rail decodes the same frames (flat invariant 2) and stage 3 gives every rank of a node
+// rail decodes the same frames (as in the flat all_reduce) and stage 3 gives every rank of a node
 // the same shards, so all P = N*G ranks end with bitwise-identical outputs.
 #pragma once
 

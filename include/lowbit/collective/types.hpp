@@ -89,9 +89,9 @@ struct collective_options {
   std::uint32_t first_step = 0;   ///< step of the first call; each call adds one
   /// Crossover (NCCL backend): calls on fewer than this many input bytes
   /// (count * sizeof(T)) run the plain NCCL collective instead, where the codec costs more
-  /// than it saves. 0 = always low-bit. `calibrate()` measures it on the communicator's
-  /// own links; docs/performance.md lists measured values. Ignored with EF21 (its state
-  /// needs the codec) and on the MPI backend.
+  /// than it saves. 0 = always low-bit. `lowbit::calibrate_crossover()` measures it on the
+  /// communicator's own links; docs/performance.md lists measured values. Ignored with EF21 (its
+  /// state needs the codec) and on the MPI backend.
   std::size_t crossover_bytes = 0;
   /// all_reduce's algorithm (fixed per object: it sizes the workspace). Second-stage
   /// error feedback (feedback::residual<R, true>) acts on two_phase's re-encoding only.
