@@ -72,7 +72,9 @@ inline double all_reduce_ms(int bits, double count, int ranks, const link_profil
 /// the node-local reduce-scatter and all-gather at `intra_bits` (32: full precision) over
 /// `intra`, each (G-1)/G of the tensor's frames per rank at G-1 latencies, plus the flat
 /// low-bit all-reduce of a 1/G shard over `inter` at `bits` (all_reduce_ms, codec time
-/// included). The stages add up: the code runs them one after the other. Every rank's
+/// included). The stages add up: an upper bound, since on NCCL a call of several chunks
+/// overlaps them (docs/multi-node.md); a call of one chunk runs them one after the other,
+/// as the MPI backend always does. Every rank's
 /// network link carries its rail's traffic at once, so `inter` is the bandwidth of one
 /// rank's link (e.g. a 400 Gb/s NIC per GPU). The intra stages' codec time is not counted.
 inline double hierarchical_all_reduce_ms(int bits, double count, int nodes, int per_node,
