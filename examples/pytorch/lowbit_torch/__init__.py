@@ -9,7 +9,7 @@ Everything runs on the process group's own NCCL communicator, on torch's current
 """
 
 from .codec import decode, encode, frame_bytes
-from .comm import communicator
+from .comm import communicator, release
 from .ddp import DDPState, ddp_hook
 from .fsdp import AllGather, ReduceScatter, apply_fsdp
 
@@ -22,4 +22,4 @@ def load():
 
 
 __all__ = ["AllGather", "DDPState", "ReduceScatter", "apply_fsdp", "communicator", "ddp_hook",
-           "decode", "encode", "frame_bytes", "load"]
+           "decode", "encode", "frame_bytes", "load", "release"]

@@ -37,3 +37,14 @@ def communicator(group=None):
                            f"where the group is rank {pg.rank()} of {pg.size()}")
     _COMMS[pg] = comm
     return comm
+
+
+def release(group=None):
+    """Forgets lowbit's handle on ``group``'s communicator (every group's when None).
+    Call it, after dropping the DDPState and FSDP collectives that use the group, before
+    ``dist.destroy_process_group()``: lowbit's objects deregister their NCCL windows on
+    the communicator when they go, so they must go while it exists."""
+    if group is None:
+        _COMMS.clear()
+    else:
+        _COMMS.pop(group, None)

@@ -70,31 +70,37 @@ class DDPState:
         s["crossover_bytes"] = {f"{d}/{b}": c for (d, b), (c, _) in self._calibrated.items()}
         return s
 
+    def _new_handle(self, dtype, count):
+        fixed = 0 if self.crossover == "auto" else self.crossover
+        return extension().AllReduce(self.comm, dtype, count, self.grid, self.rounding,
+                                     self.feedback, True, self.seed, fixed, "automatic")
+
     def _handle(self, index, tensor):
         h = self._buckets.get(index)
-        n = tensor.numel()
-        if h is not None and h.max_count == n and h.dtype == tensor.dtype:
+        if h is not None and h.max_count == tensor.numel() and h.dtype == tensor.dtype:
             return h
         if h is not None:
             self._stats["rebuilds"] += 1
-        fixed = 0 if self.crossover == "auto" else self.crossover
-        h = extension().AllReduce(self.comm, tensor.dtype, n, self.grid, self.rounding,
-                                  self.feedback, True, self.seed, fixed, "automatic")
-        self._buckets[index] = h
+        h = self._buckets[index] = self._new_handle(tensor.dtype, tensor.numel())
         return h
 
     def _crossover(self, h, tensor):
-        """The crossover for this call's dtype and width: measured once on first use when
-        'auto' (collective: every rank reaches the same bucket at the same point)."""
+        """The crossover for this call's dtype and width: measured when 'auto' at the first
+        bucket of each (dtype, bits) and again for a larger bucket, up to
+        calibrate_max_bytes (collective: every rank reaches the same bucket at the same
+        point). It runs on a probe collective of its own, so that no bucket's feedback
+        state is touched."""
         if self.crossover != "auto" or self.comm.size == 1 or self.feedback == "ef21":
             return h.crossover_bytes
         key = (tensor.dtype, self.bits)
         nbytes = tensor.numel() * tensor.element_size()
         known = self._calibrated.get(key)
-        if known is None or nbytes > known[1]:
-            measured = min(nbytes, self.calibrate_max_bytes)
-            crossover = h.calibrate(self.bits, measured)
-            self._calibrated[key] = (crossover, measured)
+        measurable = min(nbytes, self.calibrate_max_bytes)
+        if known is None or measurable > known[1]:
+            probe = self._new_handle(tensor.dtype, measurable // tensor.element_size())
+            crossover = probe.calibrate(self.bits, measurable)
+            del probe
+            self._calibrated[key] = (crossover, measurable)
             self._stats["calibrations"] += 1
         return self._calibrated[key][0]
 

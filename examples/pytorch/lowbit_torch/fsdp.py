@@ -12,7 +12,10 @@ error-feedback state belongs to that module's gradients.
 FSDP lays a flat buffer out as P equal per-rank chunks; lowbit shards in whole codec
 blocks (128 values). When a chunk is not a whole number of blocks, the chunks are
 copied into block-padded staging buffers around the call (one extra pass over the
-data); a chunk of a multiple of 128 values goes straight through.
+data, the padding zero so that it cannot change a block's scale), taken from torch's
+caching allocator on the current stream for the call alone; a chunk of a multiple of
+128 values goes straight through. Residual feedback keeps fp32 state of the unsharded
+size on every rank, per module.
 """
 
 import torch
@@ -35,27 +38,20 @@ def _padded(n):
     return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
-class _Staging:
-    """Reusable block-padded buffers for chunks that are not whole blocks."""
-
-    def __init__(self):
-        self._bufs = {}
-
-    def get(self, name, numel, dtype, device):
-        b = self._bufs.get(name)
-        if b is None or b.numel() != numel or b.dtype != dtype or b.device != device:
-            b = torch.zeros(numel, dtype=dtype, device=device)
-            self._bufs[name] = b
-        return b
+def _padded_chunks(x, world, chunk, padded):
+    """x's `world` chunks of `chunk` values, each followed by zeros up to `padded`."""
+    out = torch.empty(world, padded, dtype=x.dtype, device=x.device)
+    out[:, chunk:].zero_()
+    out[:, :chunk].copy_(x.view(world, chunk))
+    return out.view(-1)
 
 
 class _Handles:
     """What both collectives share: FSDP's allocate(), one lowbit collective per buffer
-    shape (made on first use), the staging buffers and a call counter."""
+    shape (made on first use) and a call counter."""
 
     def _setup(self):
         self._handles = {}
-        self._staging = _Staging()
         self.calls = 0
 
     def allocate(self, size, *, dtype, device):
@@ -98,10 +94,8 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         if padded == chunk:
             h.run(input_tensor, output_tensor)
             return None
-        dev, dt = input_tensor.device, input_tensor.dtype
-        src = self._staging.get("in", padded * world, dt, dev)
-        src.view(world, padded)[:, :chunk].copy_(input_tensor.view(world, chunk))
-        dst = self._staging.get("out", padded, dt, dev)
+        src = _padded_chunks(input_tensor, world, chunk, padded)
+        dst = torch.empty(padded, dtype=input_tensor.dtype, device=input_tensor.device)
         h.run(src, dst)
         output_tensor.copy_(dst[:chunk])
         return None
@@ -131,10 +125,8 @@ class AllGather(_Handles, _AllGatherBase):
         if padded == chunk:
             h.run(input_tensor, output_tensor)
             return None
-        dev, dt = input_tensor.device, input_tensor.dtype
-        src = self._staging.get("in", padded, dt, dev)
-        src[:chunk].copy_(input_tensor)
-        dst = self._staging.get("out", padded * world, dt, dev)
+        src = _padded_chunks(input_tensor, 1, chunk, padded)
+        dst = torch.empty(padded * world, dtype=input_tensor.dtype, device=input_tensor.device)
         h.run(src, dst)
         output_tensor.view(world, chunk).copy_(dst.view(world, padded)[:, :chunk])
         return None

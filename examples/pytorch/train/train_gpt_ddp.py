@@ -71,6 +71,10 @@ def main():
         dist.init_process_group("gloo", rank=rank, world_size=world)
     train(args, rank, local, world, device, cuda)
     # lowbit's collectives borrow the process group's communicator: they go first.
+    if args.comm == "lowbit":
+        import lowbit_torch
+
+        lowbit_torch.release()
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
