@@ -20,6 +20,7 @@ namespace {
 using C4n = codec<quant::absmax<4, 128>, round::nearest>;
 using C2s = codec<quant::absmax<2, 64>, round::stochastic>;
 using C8n = codec<quant::absmax<8, 128>, round::nearest>;
+using C4s = codec<quant::absmax<4, 128>, round::stochastic>;
 using Res = feedback::residual<>;
 
 const comm::mpi_comm& world() {
@@ -214,6 +215,42 @@ TEST_CASE(
     }
   for (const auto& [N, G] : shapes())
     check_shape<C2s, Res, chunked>(N, G, true, 10007, reduce_op::sum, 3, salt++);
+}
+
+TEST_CASE(
+    "hierarchical_all_reduce: a count under max_count whose last rail shard is larger than "
+    "at max_count") {
+  // Blocks are dealt with the remainder to the first ranks: at 257 values of 2 ranks per
+  // node, local rank 1 holds 1 value; at 256 it holds 128. Buffers sized by this rank's
+  // shard of max_count overflowed.
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, false));
+    const std::size_t max_count = 128 * static_cast<std::size_t>(G) + 1;
+    mpi::hierarchical_all_reduce<float, C4n> reduce(nc.intra, nc.inter, max_count);
+    for (const std::size_t count : {max_count, max_count - 1, std::size_t(129)}) {
+      const auto x = make_input(input_kind::normal, count, me, 91);
+      std::vector<float> out(count);
+      reduce(x.data(), out.data(), count);
+      CHECK(same_on_all_ranks(out.data(), count * sizeof(float)));
+    }
+  }
+}
+
+TEST_CASE("hierarchical_all_reduce: a stochastic intra codec gives every node the same bits") {
+  // Stage 3 re-encodes the rail's result, identical on every node: its noise must not
+  // depend on the node.
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, true));
+    mpi::hierarchical_all_reduce<float, C4n, feedback::none, C4s, schedule::flat> reduce(
+        nc.intra, nc.inter, 5000);
+    const std::size_t count = 4099;
+    const auto x = make_input(input_kind::normal, count, me, 78);
+    std::vector<float> out(count);
+    reduce(x.data(), out.data(), count);
+    CHECK(same_on_all_ranks(out.data(), count * sizeof(float)));
+  }
 }
 
 TEST_CASE(

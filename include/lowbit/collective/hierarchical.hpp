@@ -81,8 +81,8 @@ class hierarchical_base {
       : max_count_(max_count),
         who_(who),
         intra_(intra, inter, max_count, opts, who),
-        inter_(inter, intra_.shard(max_count).count, intra_.rail_options(opts)),
-        shard_(intra_.shard(max_count).count),
+        inter_(inter, intra_.largest_shard(max_count), intra_.rail_options(opts)),
+        shard_(intra_.largest_shard(max_count)),
         links_(Schedule::max_chunks),
         step_(opts.first_step) {}
 

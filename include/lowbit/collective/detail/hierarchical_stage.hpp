@@ -141,6 +141,13 @@ class intra_stage {
   schedule::range shard_of(std::size_t count, int p) const {
     return schedule::shard(count, block, G_, p);
   }
+  /// The most values any rank's rail shard holds for any count up to max_count: rank 0's
+  /// at max_count (whole blocks are dealt with the remainder to the first ranks, so a
+  /// rank's shard can grow as the count shrinks: buffers are sized by this, not by
+  /// shard(max_count)).
+  std::size_t largest_shard(std::size_t max_count) const {
+    return schedule::shard(max_count, block, G_, 0).count;
+  }
   /// Whether stage 1 and 3 can run chunk by chunk (the full-precision stage: a coded stage
   /// is a flat collective over the whole tensor, whose shards are contiguous).
   static constexpr bool chunked = plain;
@@ -258,10 +265,13 @@ class intra_stage {
     if constexpr (plain) {
       return stages(intra, max_count, block, opts_, who_);
     } else {
-      // Stage 1's noise is keyed by the node as well, so nodes do not share it.
-      collective_options o = opts_;
-      o.seed = mix_seed(opts_.seed, 1, static_cast<std::uint64_t>(n_));
-      return coded{{intra, max_count, o}, {intra, max_count, o}};
+      // Stage 1's noise is keyed by the node as well, so nodes do not share it. Stage 3
+      // re-encodes the rail's result, the same bits on every node, so its noise must be
+      // the same on every node too: else nodes would end with different outputs.
+      collective_options rs = opts_, ag = opts_;
+      rs.seed = mix_seed(opts_.seed, 1, static_cast<std::uint64_t>(n_));
+      ag.seed = mix_seed(opts_.seed, 3, 0);
+      return coded{{intra, max_count, rs}, {intra, max_count, ag}};
     }
   }
 
