@@ -2,6 +2,9 @@
 #include "collectives_impl.cuh"
 
 namespace lowbit_torch {
-template std::unique_ptr<all_reduce_handle> make_all_reduce_as<float, lowbit::feedback::residual<__nv_bfloat16>>(
-    const communicator&, std::int64_t, const codec_choice&, const collective_config&);
+template std::unique_ptr<all_reduce_handle>
+make_all_reduce_as<float, lowbit::feedback::residual<__nv_bfloat16>>(const communicator&,
+                                                                     std::int64_t,
+                                                                     const codec_choice&,
+                                                                     const collective_config&);
 }  // namespace lowbit_torch

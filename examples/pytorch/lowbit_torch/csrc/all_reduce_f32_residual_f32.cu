@@ -2,6 +2,8 @@
 #include "collectives_impl.cuh"
 
 namespace lowbit_torch {
-template std::unique_ptr<all_reduce_handle> make_all_reduce_as<float, lowbit::feedback::residual<float>>(
-    const communicator&, std::int64_t, const codec_choice&, const collective_config&);
+template std::unique_ptr<all_reduce_handle>
+make_all_reduce_as<float, lowbit::feedback::residual<float>>(const communicator&, std::int64_t,
+                                                             const codec_choice&,
+                                                             const collective_config&);
 }  // namespace lowbit_torch

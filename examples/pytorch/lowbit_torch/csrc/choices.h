@@ -28,8 +28,10 @@ inline feedback_kind make_feedback(const std::string& f) {
   if (f == "residual" || f == "residual_fp32") return feedback_kind::residual_f32;
   if (f == "residual_bf16") return feedback_kind::residual_bf16;
   if (f == "ef21") return feedback_kind::ef21;
-  TORCH_CHECK_VALUE(false, "lowbit_torch: feedback must be 'none', 'residual' (fp32 state), "
-                    "'residual_bf16' or 'ef21', got '", f, "'");
+  TORCH_CHECK_VALUE(false,
+                    "lowbit_torch: feedback must be 'none', 'residual' (fp32 state), "
+                    "'residual_bf16' or 'ef21', got '",
+                    f, "'");
 }
 
 inline collective_config make_config(bool average, std::uint64_t seed, std::int64_t crossover,
@@ -37,7 +39,8 @@ inline collective_config make_config(bool average, std::uint64_t seed, std::int6
   TORCH_CHECK_VALUE(crossover >= 0, "lowbit_torch: crossover must be >= 0 bytes, got ", crossover);
   TORCH_CHECK_VALUE(algorithm == "automatic" || algorithm == "one_shot" || algorithm == "two_phase",
                     "lowbit_torch: algorithm must be 'automatic', 'one_shot' or 'two_phase', "
-                    "got '", algorithm, "'");
+                    "got '",
+                    algorithm, "'");
   return {average, seed, crossover, algorithm};
 }
 

@@ -25,9 +25,8 @@ void bind_codec(pybind11::module_& m) {
          std::uint64_t seed, std::uint32_t step, std::uint32_t rank) {
         const codec_choice c = make_codec(bits, grid, rounding);
         const rounding_key k{seed, step, rank};
-        return with_dtype(x.scalar_type(), "lowbit_torch.encode", [&](auto t) {
-          return encode_as<typename decltype(t)::type>(x, c, k);
-        });
+        return with_dtype(x.scalar_type(), "lowbit_torch.encode",
+                          [&](auto t) { return encode_as<typename decltype(t)::type>(x, c, k); });
       },
       py::arg("x"), py::arg("bits"), py::arg("grid"), py::arg("rounding"), py::arg("seed"),
       py::arg("step"), py::arg("rank"));

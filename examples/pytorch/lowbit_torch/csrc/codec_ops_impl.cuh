@@ -52,8 +52,7 @@ at::Tensor decode_as(const at::Tensor& frame, std::int64_t count, const codec_ch
                      double scale) {
   detail::check_codec_tensor(frame, "lowbit_torch.decode", "frame");
   TORCH_CHECK_TYPE(frame.scalar_type() == at::kByte,
-                   "lowbit_torch.decode: frame must be a uint8 tensor, got ",
-                   frame.scalar_type());
+                   "lowbit_torch.decode: frame must be a uint8 tensor, got ", frame.scalar_type());
   TORCH_CHECK_VALUE(count >= 0, "lowbit_torch.decode: count must be >= 0, got ", count);
   const std::size_t n = static_cast<std::size_t>(count);
   codec_choice nearest = c;  // rounding does not change the frame's layout or its decoding
@@ -77,10 +76,8 @@ at::Tensor decode_as(const at::Tensor& frame, std::int64_t count, const codec_ch
   });
 }
 
-#define LOWBIT_TORCH_INSTANTIATE_CODEC(T)                                                  \
-  template at::Tensor encode_as<T>(const at::Tensor&, const codec_choice&,              \
-                                   const rounding_key&);                                 \
-  template at::Tensor decode_as<T>(const at::Tensor&, std::int64_t, const codec_choice&, \
-                                   double);
+#define LOWBIT_TORCH_INSTANTIATE_CODEC(T)                                                        \
+  template at::Tensor encode_as<T>(const at::Tensor&, const codec_choice&, const rounding_key&); \
+  template at::Tensor decode_as<T>(const at::Tensor&, std::int64_t, const codec_choice&, double);
 
 }  // namespace lowbit_torch

@@ -23,8 +23,8 @@ lowbit::collective_options collective_config::options() const {
   return o;
 }
 
-std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm,
-                                                   at::ScalarType dtype, std::int64_t max_count,
+std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at::ScalarType dtype,
+                                                   std::int64_t max_count,
                                                    const codec_choice& codec,
                                                    feedback_kind feedback,
                                                    const collective_config& config) {
@@ -128,9 +128,8 @@ void bind_collectives(pybind11::module_& m) {
                                        make_feedback(feedback),
                                        make_config(average, seed, 0, "automatic"));
           },
-          py::arg("comm"), py::arg("dtype"), py::arg("max_count"), py::arg("bits"),
-          py::arg("grid"), py::arg("rounding"), py::arg("feedback"), py::arg("average"),
-          py::arg("seed"))
+          py::arg("comm"), py::arg("dtype"), py::arg("max_count"), py::arg("bits"), py::arg("grid"),
+          py::arg("rounding"), py::arg("feedback"), py::arg("average"), py::arg("seed"))
       .def_static(
           "all_gather",
           [](const communicator& comm, at::ScalarType dtype, std::int64_t max_count, int bits,
@@ -138,8 +137,8 @@ void bind_collectives(pybind11::module_& m) {
             return make_all_gather(comm, dtype, max_count, make_codec(bits, grid, rounding),
                                    make_config(false, seed, 0, "automatic"));
           },
-          py::arg("comm"), py::arg("dtype"), py::arg("max_count"), py::arg("bits"),
-          py::arg("grid"), py::arg("rounding"), py::arg("seed"))
+          py::arg("comm"), py::arg("dtype"), py::arg("max_count"), py::arg("bits"), py::arg("grid"),
+          py::arg("rounding"), py::arg("seed"))
       .def("run", &shard_collective_handle::run, py::arg("input"), py::arg("output"))
       .def("shard", &shard_collective_handle::shard, py::arg("count"))
       .def_property_readonly("max_count", &shard_collective_handle::max_count)

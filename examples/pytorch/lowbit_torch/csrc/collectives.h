@@ -61,8 +61,8 @@ class shard_collective_handle {
   virtual std::pair<std::int64_t, std::int64_t> shard(std::int64_t count) const = 0;
 };
 
-std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm,
-                                                   at::ScalarType dtype, std::int64_t max_count,
+std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at::ScalarType dtype,
+                                                   std::int64_t max_count,
                                                    const codec_choice& codec,
                                                    feedback_kind feedback,
                                                    const collective_config& config);

@@ -78,9 +78,9 @@ class all_reduce_impl final : public all_reduce_handle {
                                  lowbit::schedule::default_schedule, lowbit::backend::nccl>;
 
  public:
-  all_reduce_impl(const communicator& comm, std::int64_t max_count,
-                  const collective_config& config)
-      : comm_(comm.shared()), coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
+  all_reduce_impl(const communicator& comm, std::int64_t max_count, const collective_config& config)
+      : comm_(comm.shared()),
+        coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
 
   void run(const at::Tensor& in, const at::Tensor& out, int bits) override {
     constexpr const char* what = "lowbit_torch all_reduce";
@@ -94,8 +94,10 @@ class all_reduce_impl final : public all_reduce_handle {
                 current_stream());
   }
   std::int64_t calibrate(int bits, std::int64_t max_bytes) override {
-    TORCH_CHECK_VALUE(coll_type::supports(bits), "lowbit_torch calibrate: bits must be 1, 2, 4 "
-                      "or 8, got ", bits);
+    TORCH_CHECK_VALUE(coll_type::supports(bits),
+                      "lowbit_torch calibrate: bits must be 1, 2, 4 "
+                      "or 8, got ",
+                      bits);
     detail::at_width<coll_type> view{coll_, bits};
     return static_cast<std::int64_t>(lowbit::calibrate_crossover(
         view, *comm_, current_stream(), static_cast<std::size_t>(max_bytes)));
@@ -122,8 +124,8 @@ class all_reduce_impl final : public all_reduce_handle {
     }
   }
   at::Tensor replicated_state(std::int64_t count) const override {
-    return detail::copy_state<float>(
-        const_cast<coll_type&>(coll_).feedback_state().replicated(), count, max_count());
+    return detail::copy_state<float>(const_cast<coll_type&>(coll_).feedback_state().replicated(),
+                                     count, max_count());
   }
   void reset_feedback() override { coll_.reset_feedback(); }
 
@@ -153,7 +155,8 @@ class shard_collective_impl final : public shard_collective_handle {
  public:
   shard_collective_impl(const communicator& comm, std::int64_t max_count,
                         const collective_config& config)
-      : comm_(comm.shared()), coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
+      : comm_(comm.shared()),
+        coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
 
   void run(const at::Tensor& in, const at::Tensor& out) override {
     constexpr const char* what = Gather ? "lowbit_torch all_gather" : "lowbit_torch reduce_scatter";
@@ -187,9 +190,8 @@ std::unique_ptr<shard_collective_handle> make_reduce_scatter_as(const communicat
                                                                 const codec_choice& codec,
                                                                 const collective_config& config) {
   return with_codec(codec, [&](auto c) -> std::unique_ptr<shard_collective_handle> {
-    return std::make_unique<
-        shard_collective_impl<T, typename decltype(c)::type, Feedback, false>>(comm, max_count,
-                                                                              config);
+    return std::make_unique<shard_collective_impl<T, typename decltype(c)::type, Feedback, false>>(
+        comm, max_count, config);
   });
 }
 

@@ -99,8 +99,7 @@ decltype(auto) with_dtype(at::ScalarType t, const char* what, F&& f) {
     default:
       break;
   }
-  TORCH_CHECK_TYPE(false, what, ": lowbit supports float32, float16 and bfloat16 tensors, got ",
-                   t);
+  TORCH_CHECK_TYPE(false, what, ": lowbit supports float32, float16 and bfloat16 tensors, got ", t);
 }
 
 /// The torch dtype of T.
@@ -120,8 +119,8 @@ void check_cuda_tensor(const at::Tensor& t, const char* what, const char* name) 
   TORCH_CHECK_TYPE(t.scalar_type() == scalar_type_of<T>(), what, ": ", name, " has dtype ",
                    t.scalar_type(), " where ", scalar_type_of<T>(), " was expected");
   TORCH_CHECK_VALUE(t.get_device() == c10::cuda::current_device(), what, ": ", name,
-                    " is on cuda:", t.get_device(), " but the current device is cuda:",
-                    c10::cuda::current_device());
+                    " is on cuda:", t.get_device(),
+                    " but the current device is cuda:", c10::cuda::current_device());
 }
 
 /// Raw pointer to a tensor's data as T.

@@ -2,6 +2,9 @@
 #include "collectives_impl.cuh"
 
 namespace lowbit_torch {
-template std::unique_ptr<shard_collective_handle> make_reduce_scatter_as<__nv_bfloat16, lowbit::feedback::residual<float>>(
-    const communicator&, std::int64_t, const codec_choice&, const collective_config&);
+template std::unique_ptr<shard_collective_handle>
+make_reduce_scatter_as<__nv_bfloat16, lowbit::feedback::residual<float>>(const communicator&,
+                                                                         std::int64_t,
+                                                                         const codec_choice&,
+                                                                         const collective_config&);
 }  // namespace lowbit_torch
