@@ -1,7 +1,7 @@
 // Everything in lowbit that compiles with a plain C++ compiler: core types, the codec,
 // the host executor and the frame-transport policy. lowbit::lowbit is all it needs: no
-// CUDA, NCCL, MPI or JSON library. (Where CUDA's or NCCL's headers are on the include path
-// anyway, it uses them for __half / __nv_bfloat16 and the LOWBIT_CUDA_TRY / LOWBIT_NCCL_TRY
+// CUDA, NCCL, MPI or JSON library, and never includes nccl.h. (Where CUDA's headers are on
+// the include path anyway, it uses them for __half / __nv_bfloat16 and the LOWBIT_CUDA_TRY
 // macros.) CUDA kernels and NCCL collectives are in lowbit.cuh (lowbit::nccl).
 #pragma once
 

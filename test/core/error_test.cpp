@@ -28,7 +28,8 @@ TEST_CASE("LOWBIT_CUDA_TRY turns a CUDA error code into cuda_error") {
 }
 #endif
 
-#if LOWBIT_HAS_NCCL
+#if __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
+#include "lowbit/core/nccl_try.hpp"
 TEST_CASE("LOWBIT_NCCL_TRY turns an NCCL error code into nccl_error") {
   REQUIRE_THROWS_AS([] { LOWBIT_NCCL_TRY(ncclInvalidArgument); }(), lowbit::nccl_error);
   REQUIRE_NOTHROW([] { LOWBIT_NCCL_TRY(ncclSuccess); }());

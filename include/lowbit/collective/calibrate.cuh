@@ -16,6 +16,7 @@
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 #include "lowbit/core/numeric.hpp"
 
 namespace lowbit {

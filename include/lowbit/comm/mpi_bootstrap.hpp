@@ -9,6 +9,7 @@
 #include "lowbit/comm/mpi_comm.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 
 namespace lowbit::comm {
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 #include "lowbit/core/numeric.hpp"
 
 namespace lowbit::comm {

@@ -11,6 +11,7 @@
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/comm/node_comms.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 
 namespace lowbit::comm {
 

@@ -11,12 +11,6 @@
 #else
 #define LOWBIT_HAS_CUDA_RUNTIME 0
 #endif
-#if __has_include(<nccl.h>)
-#include <nccl.h>
-#define LOWBIT_HAS_NCCL 1
-#else
-#define LOWBIT_HAS_NCCL 0
-#endif
 
 namespace lowbit {
 
@@ -128,25 +122,4 @@ class agreement_error : public error {
 
 /// Throws lowbit::cuda_error if a kernel launch on this thread failed.
 #define LOWBIT_CHECK_LAUNCH() LOWBIT_CUDA_TRY(cudaGetLastError())
-#endif
-
-#if LOWBIT_HAS_NCCL
-/// Calls an NCCL function and throws lowbit::nccl_error when it fails.
-#define LOWBIT_NCCL_TRY(call)                                                   \
-  do {                                                                          \
-    ncclResult_t lowbit_status_ = (call);                                       \
-    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)      \
-      throw ::lowbit::nccl_error(                                               \
-          __FILE__, __LINE__, static_cast<int>(lowbit_status_),                 \
-          std::string(#call " failed: ") + ncclGetErrorString(lowbit_status_)); \
-  } while (0)
-
-/// For destructors: reports a failed NCCL call on stderr instead of throwing.
-#define LOWBIT_NCCL_TRY_NO_THROW(call)                                          \
-  do {                                                                          \
-    ncclResult_t lowbit_status_ = (call);                                       \
-    if (lowbit_status_ != ncclSuccess && lowbit_status_ != ncclInProgress)      \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
-                   ncclGetErrorString(lowbit_status_));                         \
-  } while (0)
 #endif

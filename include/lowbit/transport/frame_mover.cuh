@@ -14,6 +14,7 @@
 
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 #include "lowbit/transport/copy_engines.cuh"
 #include "lowbit/transport/frame_transport.hpp"
 #include "lowbit/transport/peer_stores.cuh"

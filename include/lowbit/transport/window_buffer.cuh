@@ -16,6 +16,7 @@
 
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/nccl_try.hpp"
 
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 22700
 #define LOWBIT_HAS_NCCL_WINDOWS 1
