@@ -53,12 +53,20 @@ options:
   --ranks-per-node G    reduce buckets hierarchically: nodes of G ranks (the cluster's
                         link inside a node, --inter-link between nodes)
   --inter-link NAME     a built-in link, per rank, between nodes (default ib-ndr)
+  --schedule NAME       the hierarchical all-reduce's Schedule, as lowbit-perf names
+                        them: default (ramped<8, 2^24>), flat, pipelined, pipelined2,
+                        pipelined4, pipelined8, pipelined16, ramped23; it sets the
+                        chunks a call is cut into
+  --backend nccl|mpi    the hierarchical all-reduce's backend (default nccl): NCCL
+                        overlaps the stages of different chunks, MPI runs them in turn
   --comm-table COUNT    print the communication model instead of planning: predicted
                         ms of one all-reduce of COUNT fp32 values per --comm-bits width
                         on each of --nodes (default 2,4,8,16) nodes of G ranks (the
                         device of the cluster's first group, --intra-link inside a
                         node), and the speed-up over fp32
   --nodes LIST          node counts of --comm-table
+  --csv FILE            write --comm-table's rows as CSV too (what scripts/multinode-docs
+                        turns into docs/multi-node.md's table)
   --intra-link NAME     the link inside a node for --comm-table (default nvlink4)
   --out FILE            write the plan as JSON
   --all-ops             list parameter-free ops too (they follow their input)
@@ -81,6 +89,10 @@ struct options {
   std::vector<int> comm_bits = {4, 8, 16, 32};
   int ranks_per_node = 0;
   std::string inter_link = "ib-ndr", intra_link = "nvlink4";
+  comm_schedule schedule;
+  comm_backend backend = comm_backend::nccl;
+  bool given_schedule = false, given_backend = false;  // else the cluster's (JSON) apply
+  std::string csv;
   double comm_table = 0;
   std::vector<int> nodes = {2, 4, 8, 16};
   bool all_ops = false, help = false;
@@ -133,6 +145,21 @@ options parse_args(int argc, char** argv) {
       o.inter_link = value();
     } else if (a == "--intra-link") {
       o.intra_link = value();
+    } else if (a == "--schedule") {
+      try {
+        o.schedule = builtin_schedule(value());
+        o.given_schedule = true;
+      } catch (const lowbit::invalid_argument& e) {
+        throw usage_error("--schedule: " + e.message());
+      }
+    } else if (a == "--backend") {
+      const std::string b = value();
+      if (b != "nccl" && b != "mpi")
+        throw usage_error("--backend must be nccl or mpi, got '" + b + "'");
+      o.backend = parse_comm_backend(b);
+      o.given_backend = true;
+    } else if (a == "--csv") {
+      o.csv = value();
     } else if (a == "--comm-table") {
       o.comm_table = to_number(a, value());
       if (!(o.comm_table > 0)) throw usage_error("--comm-table needs a positive count");
@@ -235,23 +262,50 @@ void print_row(const simulator& sim, const std::string& label, const evaluation&
   std::printf("\n");
 }
 
-/// --comm-table: the communication model alone, for node counts x code widths.
+/// --comm-table: the communication model alone, for node counts x code widths: the time of
+/// the configured backend (NCCL: chunks overlapped), the sum of the stages beside it (the MPI
+/// time, an upper bound on NCCL) and the speed-up over fp32, optionally as CSV for the docs.
 int comm_table(const options& o, const device_profile& dev) {
   const int G = o.ranks_per_node > 0 ? o.ranks_per_node : 8;
   const link_profile intra = builtin_link(o.intra_link), inter = builtin_link(o.inter_link);
   std::printf(
       "lowbit-plan: hierarchical all-reduce of %.0f fp32 values, nodes of %d %s, %s "
-      "inside (%.3g GB/s), %s per rank between nodes (%.3g GB/s)\n",
+      "inside (%.3g GB/s), %s per rank between nodes (%.3g GB/s), schedule %s, backend %s\n",
       o.comm_table, G, dev.name.c_str(), intra.name.c_str(), intra.bandwidth_gbs,
-      inter.name.c_str(), inter.bandwidth_gbs);
-  std::printf("  %6s %6s %12s %12s %10s\n", "nodes", "bits", "ms", "fp32 ms", "speed-up");
+      inter.name.c_str(), inter.bandwidth_gbs, o.schedule.name.c_str(), to_string(o.backend));
+  std::printf("  %6s %6s %6s %12s %12s %12s %10s\n", "nodes", "bits", "chunks", "ms", "sum ms",
+              "fp32 ms", "speed-up");
+  std::FILE* csv = nullptr;
+  if (!o.csv.empty()) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (csv == nullptr) throw usage_error("cannot write '" + o.csv + "'");
+    std::fprintf(csv,
+                 "device,intra_link,inter_link,nodes,ranks_per_node,count,schedule,backend,bits,"
+                 "chunks,ms,sum_ms,fp32_ms,fp32_sum_ms,speedup\n");
+  }
+  const auto time = [&](int bits, int n) {
+    const hierarchical_stages st =
+        hierarchical_stage_ms(bits, o.comm_table, n, G, intra, inter, dev, 32, o.schedule);
+    return std::make_pair(o.backend == comm_backend::nccl ? st.pipelined_ms() : st.sum_ms(), st);
+  };
   for (int n : o.nodes) {
     if (n < 1) throw usage_error("--nodes: node counts must be >= 1");
-    const double fp32 = hierarchical_all_reduce_ms(32, o.comm_table, n, G, intra, inter, dev);
+    const auto [fp32, fp32_st] = time(32, n);
     for (int bits : o.comm_bits) {
-      const double ms = hierarchical_all_reduce_ms(bits, o.comm_table, n, G, intra, inter, dev);
-      std::printf("  %6d %6d %12.3f %12.3f %9.2fx\n", n, bits, ms, fp32, ms > 0 ? fp32 / ms : 1.0);
+      const auto [ms, st] = time(bits, n);
+      const double speedup = ms > 0 ? fp32 / ms : 1.0;
+      std::printf("  %6d %6d %6d %12.3f %12.3f %12.3f %9.2fx\n", n, bits, st.chunks(), ms,
+                  st.sum_ms(), fp32, speedup);
+      if (csv)
+        std::fprintf(csv, "%s,%s,%s,%d,%d,%.0f,%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.2f\n",
+                     dev.name.c_str(), intra.name.c_str(), inter.name.c_str(), n, G, o.comm_table,
+                     o.schedule.name.c_str(), to_string(o.backend), bits, st.chunks(), ms,
+                     st.sum_ms(), fp32, fp32_st.sum_ms(), speedup);
     }
+  }
+  if (csv) {
+    std::fclose(csv);
+    std::printf("  rows written to %s\n", o.csv.c_str());
   }
   return 0;
 }
@@ -259,7 +313,14 @@ int comm_table(const options& o, const device_profile& dev) {
 int run(const options& o) {
   const training_model model = load_model(o);
   cluster hw = load_cluster(o, model.graph);
-  if (o.comm_table > 0) return comm_table(o, hw.groups.at(0).device);
+  if (o.given_schedule) hw.schedule = o.schedule;
+  if (o.given_backend) hw.backend = o.backend;
+  if (o.comm_table > 0) {
+    options t = o;
+    t.schedule = hw.schedule;
+    t.backend = hw.backend;
+    return comm_table(t, hw.groups.at(0).device);
+  }
   if (o.ranks_per_node > 0) {
     if (hw.world_size() % o.ranks_per_node != 0)
       throw usage_error("--ranks-per-node " + std::to_string(o.ranks_per_node) +
@@ -281,9 +342,10 @@ int run(const options& o) {
   if (hw.hierarchical())
     std::printf(
         "  hierarchical all-reduce: %d nodes of %d ranks, %s between nodes (%.3g GB/s "
-        "per rank); bucket bits are the cross-node width\n",
+        "per rank), schedule %s on %s (%s); bucket bits are the cross-node width\n",
         hw.world_size() / hw.ranks_per_node, hw.ranks_per_node, hw.inter_link.name.c_str(),
-        hw.inter_link.bandwidth_gbs);
+        hw.inter_link.bandwidth_gbs, hw.schedule.name.c_str(), to_string(hw.backend),
+        hw.backend == comm_backend::nccl ? "chunks overlapped" : "chunks in turn");
   std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
               decisions, g.total_params() / 1e6, sim.buckets().size());
   if (!o.plan_file.empty()) return predict_given(o, sim);

@@ -189,6 +189,19 @@ TEST_CASE("cluster JSON: nodes of ranks_per_node ranks with an inter_link betwee
       "inter_link": "ib-ndr", "groups": [{"device": "H200", "count": 4}]})"),
                                         m.graph),
                       Contains("do not make whole nodes"));
+  // The all-reduce's schedule and backend: the library's defaults, or named.
+  REQUIRE(c.backend == comm_backend::nccl);
+  REQUIRE(c.schedule.name == "default");
+  const cluster mpi = cluster_from_json(json::parse(R"({"link": "nvlink4", "ranks_per_node": 2,
+      "inter_link": "ib-ndr", "schedule": "pipelined4", "backend": "mpi",
+      "groups": [{"device": "H200", "count": 4}]})"),
+                                        m.graph);
+  REQUIRE(mpi.backend == comm_backend::mpi);
+  REQUIRE(mpi.schedule.max_chunks == 4);
+  REQUIRE_THROWS_WITH(cluster_from_json(json::parse(R"({"link": "nvlink4", "backend": "gloo",
+      "groups": [{"device": "H200", "count": 4}]})"),
+                                        m.graph),
+                      Contains("cluster JSON backend") && Contains("unknown backend 'gloo'"));
 }
 
 TEST_CASE("plan JSON carries every op's precision and every bucket's bits") {

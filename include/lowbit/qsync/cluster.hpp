@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/qsync/comm_model.hpp"
 #include "lowbit/qsync/cost_model.hpp"
 #include "lowbit/qsync/device_profile.hpp"
 #include "lowbit/qsync/op_graph.hpp"
@@ -31,13 +32,16 @@ struct device_group {
 /// whose speed is set by `link`, the slowest link class any rank crosses; or, with
 /// `ranks_per_node` > 1, a hierarchical all-reduce (lowbit::hierarchical_all_reduce) with
 /// `link` inside a node and `inter_link` (one rank's own network link) between nodes, the
-/// bucket's bits choosing the cross-node code width.
+/// bucket's bits choosing the cross-node code width; `schedule` and `backend` say how that
+/// all-reduce cuts and overlaps its chunks (NCCL overlaps them, MPI runs them in turn).
 struct cluster {
   std::string name;
   std::vector<device_group> groups;
   link_profile link;
-  int ranks_per_node = 0;   ///< 0 or 1: one flat all-reduce over `link`
-  link_profile inter_link;  ///< between nodes, per rank, when ranks_per_node > 1
+  int ranks_per_node = 0;    ///< 0 or 1: one flat all-reduce over `link`
+  link_profile inter_link;   ///< between nodes, per rank, when ranks_per_node > 1
+  comm_schedule schedule{};  ///< the hierarchical all-reduce's Schedule (default_schedule)
+  comm_backend backend = comm_backend::nccl;  ///< the hierarchical all-reduce's Backend
 
   /// True when buckets are reduced hierarchically (more than one node of several ranks).
   bool hierarchical() const noexcept { return ranks_per_node > 1 && world_size() > ranks_per_node; }

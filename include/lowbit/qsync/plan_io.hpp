@@ -233,14 +233,16 @@ inline std::vector<profile_files> profiles_from_json(const nlohmann::json& x) {
 }
 
 /// A cluster from JSON:
-/// `{"name", "link": <link>, "ranks_per_node", "inter_link": <link>,
+/// `{"name", "link": <link>, "ranks_per_node", "inter_link": <link>, "schedule", "backend",
 ///   "groups": [{"device": <device>, "count",
 ///   "trace": "file.json" | ["fp32=a.json", {"precision", "file", "plain"}, ...],
 ///   "trace_precision": "fp32",
 ///   "measured": {"op": {"fp16": {"forward_ms", "backward_ms"}}}}]}`.
 /// With `ranks_per_node` > 1 the cluster is nodes of that many ranks, `link` inside a
 /// node and `inter_link` (required then) between them, so that buckets are planned as
-/// hierarchical all-reduces (docs/multi-node.md); every node must be whole.
+/// hierarchical all-reduces (docs/multi-node.md); every node must be whole. "schedule" (a
+/// builtin_schedule name, default "default") and "backend" ("nccl", the default, or "mpi")
+/// say whether those all-reduces overlap their chunks, which their predicted time depends on.
 /// Trace paths are relative to `base_dir`; traces and tables need the model's graph.
 inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
                                  const std::string& base_dir = ".") {
@@ -257,6 +259,12 @@ inline cluster cluster_from_json(const nlohmann::json& j, const op_graph& graph,
     detail::at_place("cluster JSON inter_link",
                      [&] { c.inter_link = link_from_json(j["inter_link"]); });
   }
+  detail::at_place("cluster JSON schedule", [&] {
+    c.schedule = builtin_schedule(j.value("schedule", std::string("default")));
+  });
+  detail::at_place("cluster JSON backend", [&] {
+    c.backend = parse_comm_backend(j.value("backend", std::string("nccl")));
+  });
   LOWBIT_EXPECTS(j.contains("groups") && j["groups"].is_array() && !j["groups"].empty(),
                  "cluster JSON: no \"groups\" array");
   for (std::size_t n = 0; n < j["groups"].size(); ++n) {

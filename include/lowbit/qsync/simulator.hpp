@@ -168,12 +168,13 @@ class simulator {
     return best;
   }
 
-  /// Group g's time for bucket k's all-reduce at `bits`.
+  /// Group g's time for bucket k's all-reduce at `bits` (hierarchical: overlapped on an NCCL
+  /// cluster, in turn on an MPI one).
   double bucket_ms(std::size_t g, std::size_t k, int bits) const {
     if (hw_.hierarchical())
-      return hierarchical_all_reduce_ms(bits, buckets_.at(k).numel,
-                                        hw_.world_size() / hw_.ranks_per_node, hw_.ranks_per_node,
-                                        hw_.link, hw_.inter_link, costs_.at(g).device());
+      return hierarchical_all_reduce_ms(
+          bits, buckets_.at(k).numel, hw_.world_size() / hw_.ranks_per_node, hw_.ranks_per_node,
+          hw_.link, hw_.inter_link, costs_.at(g).device(), 32, hw_.schedule, hw_.backend);
     return all_reduce_ms(bits, buckets_.at(k).numel, hw_.world_size(), hw_.link,
                          costs_.at(g).device());
   }
