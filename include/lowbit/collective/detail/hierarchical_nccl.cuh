@@ -35,15 +35,18 @@ class plain_stage<backend::nccl, T> {
 
   /// One chunk of stage 1: for every owner p and range r of ranges(p, f) (indices from the
   /// start of p's rail shard), an ncclReduce to p, grouped; `out` is indexed from this
-  /// rank's shard's start. Every rank issues the same calls in the same order.
+  /// rank's shard's start. Every rank issues the same calls in the same order. A non-root
+  /// rank's receive buffer is not written, but NCCL may check it: it gets `out` itself, as
+  /// p's offsets can lie past the end of this rank's (smaller) shard.
   template <class Ranges>
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       const Ranges& ranges, cudaStream_t s) {
+    const int me = comm_->rank();
     LOWBIT_NCCL_TRY(ncclGroupStart());
     for (int p = 0; p < comm_->size(); ++p) {
       const T* shard = in + schedule::shard(count, block, comm_->size(), p).begin;
       ranges(p, [&](schedule::range r) {
-        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, out + r.begin, r.count,
+        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, p == me ? out + r.begin : out, r.count,
                                    comm::nccl_data_type<T>(), impl::nccl_op(op), p, comm_->get(),
                                    s));
       });
