@@ -70,8 +70,18 @@ class hierarchical_base {
   /// Stage 2's feedback state: this rank's rail shard's, indexed from the shard's start.
   auto& feedback_state() noexcept { return inter_.feedback_state(); }
   /// Waits for this object's calls on `stream` (NCCL; a no-op on MPI) within
-  /// options().timeout, as the flat collectives' sync().
-  void sync(stream_type stream = {}) { inter_.sync(stream); }
+  /// options().timeout, polling both communicators' asynchronous errors: on an NCCL error
+  /// or expiry both are aborted (whichever failed: the other's stages wait on it) and
+  /// lowbit::nccl_error or lowbit::timeout_error thrown, as the flat collectives' sync()
+  /// does with their one.
+  void sync(stream_type stream = {}) {
+    frame_header last;
+    last.count = last_count_;
+    last.step = step_ - 1;
+    last.seq = seq_ - 1;
+    detail::sync_both<Backend>(intra_.intra_comm(), intra_.inter_comm(), stream,
+                               call_check(who_, last, opts_.timeout, 0));
+  }
 
  protected:
   static constexpr bool on_nccl = std::is_same_v<Backend, backend::nccl>;
@@ -80,6 +90,7 @@ class hierarchical_base {
                     const collective_options& opts, const char* who)
       : max_count_(max_count),
         who_(who),
+        opts_(opts),
         intra_(intra, inter, max_count, opts, who),
         inter_(inter, intra_.largest_shard(max_count), intra_.rail_options(opts)),
         shard_(intra_.largest_shard(max_count)),
@@ -144,6 +155,7 @@ class hierarchical_base {
       intra_.agree(cfg, count, step_, seq_, InterCodec::bits, stream);
     }
     ++seq_;
+    last_count_ = count;
     inter_.set_step(step_);
     intra_.set_step(step_);
     ++step_;
@@ -151,7 +163,9 @@ class hierarchical_base {
 
   std::size_t max_count_;
   const char* who_;
+  collective_options opts_;
   std::uint32_t seq_ = 0;  ///< calls made so far
+  std::size_t last_count_ = 0;
   intra_type intra_;
   Inter inter_;
   typename impl::template buffer<T> shard_;  ///< this rank's rail shard between the stages

@@ -48,6 +48,27 @@ class stage_links {
                 "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
 };
 
+/// What a hierarchical call does with both of its communicators at once; specialised with
+/// the backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh):
+///   static void sync(intra, inter, stream, const call_check&): waits for the call's work
+///     on `stream` within the deadline, watching both communicators (NCCL), and on an
+///     error or expiry poisons both and throws;
+///   static void poison(intra, inter, why): marks both unusable (MPI) or aborts both (NCCL),
+///     as the flat collectives do with their one communicator.
+template <class Backend>
+struct both_comms {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no hierarchical communicator pair for this backend: include "
+                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+};
+
+/// Waits for a hierarchical call's work within cc.timeout, polling both communicators (a
+/// no-op on the MPI backend, whose calls complete before they return).
+template <class Backend, class Comm, class Stream>
+void sync_both(const Comm& intra, const Comm& inter, Stream stream, const call_check& cc) {
+  both_comms<Backend>::sync(intra, inter, stream, cc);
+}
+
 /// The ranges of a one-chunk call: every rank's whole rail shard.
 struct whole_shards {
   std::size_t count, block;
@@ -128,6 +149,8 @@ class intra_stage {
         G_(checked(intra, who).size()),
         l_(intra.rank()),
         n_(checked(inter, who).rank()),
+        intra_comm_(&intra),
+        inter_comm_(&inter),
         intra_ch_(intra),
         inter_ch_(inter),
         stages_(make_stages(intra, max_count)) {
@@ -174,6 +197,14 @@ class intra_stage {
     LOWBIT_EXPECTS(count == 0 || (in != nullptr && out != nullptr),
                    std::string(who_) + ": a buffer pointer is null");
   }
+
+  /// After a timeout or a communicator's error anywhere in a call: both communicators are
+  /// unusable (MPI) or aborted (NCCL), whichever one failed.
+  void poison(const std::string& why) const noexcept {
+    both_comms<Backend>::poison(*intra_comm_, *inter_comm_, why);
+  }
+  const comm_type& intra_comm() const noexcept { return *intra_comm_; }
+  const comm_type& inter_comm() const noexcept { return *inter_comm_; }
 
   /// Every rank's call is this one: a header over `intra`, then each rank's header and
   /// verdict over `inter`. The second exchange carries every node's verdict to every
@@ -318,6 +349,8 @@ class intra_stage {
   const char* who_;
   collective_options opts_;
   int G_, l_, n_;
+  const comm_type* intra_comm_;
+  const comm_type* inter_comm_;
   std::size_t inter_size_ = 0;
   side_channel<Backend> intra_ch_, inter_ch_;
   stages stages_;
