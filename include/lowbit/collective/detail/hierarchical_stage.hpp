@@ -175,10 +175,14 @@ class intra_stage {
   /// is a flat collective over the whole tensor, whose shards are contiguous).
   static constexpr bool chunked = plain;
 
-  /// Stage 2's options: the caller's, with a seed of this rail's own.
+  /// Stage 2's options: the caller's, with a seed of this rail's own and without checked
+  /// mode: agree() checks every stage's call before the first is enqueued, where stage 2's
+  /// own fingerprint exchange would run after stage 1 is (and, on NCCL, wait for it
+  /// watching the rail alone).
   collective_options rail_options(const collective_options& o) const {
     collective_options r = o;
     r.seed = mix_seed(o.seed, 2, static_cast<std::uint64_t>(l_));
+    r.verify = false;
     return r;
   }
 
@@ -196,6 +200,16 @@ class intra_stage {
                                            " this object was built for");
     LOWBIT_EXPECTS(count == 0 || (in != nullptr && out != nullptr),
                    std::string(who_) + ": a buffer pointer is null");
+  }
+
+  /// The checks of a call that can throw, beyond validate(), run before anything is
+  /// enqueued or sent: both communicators usable (not empty, aborted, marked unusable, nor
+  /// holding an NCCL asynchronous error). Every stage's collective checks its communicator
+  /// again, but only once the stages before it are enqueued: a rank that threw there would
+  /// leave its peers' earlier stages waiting for it.
+  void precheck(const char* who) const {
+    impl::check_comm(*intra_comm_, who);
+    impl::check_comm(*inter_comm_, who);
   }
 
   /// After a timeout or a communicator's error anywhere in a call: both communicators are
@@ -299,9 +313,11 @@ class intra_stage {
       // Stage 1's noise is keyed by the node as well, so nodes do not share it. Stage 3
       // re-encodes the rail's result, the same bits on every node, so its noise must be
       // the same on every node too: else nodes would end with different outputs.
+      // Neither runs checked mode: agree() covers them, before stage 1 (rail_options).
       collective_options rs = opts_, ag = opts_;
       rs.seed = mix_seed(opts_.seed, 1, static_cast<std::uint64_t>(n_));
       ag.seed = mix_seed(opts_.seed, 3, 0);
+      rs.verify = ag.verify = false;
       return coded{{intra, max_count, rs}, {intra, max_count, ag}};
     }
   }
