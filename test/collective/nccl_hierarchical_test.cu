@@ -227,6 +227,94 @@ bool same_everywhere(const outcome& o) {
 }
 
 TEST_CASE(
+    "hierarchical sync() watches the node-local communicator too: a stuck stage 1 times out "
+    "and aborts both communicators") {
+  // sync() polled the rail alone: at the deadline it aborted the rail, and the stream
+  // stayed stuck on stage 1's kernels, the node's communicator never aborted.
+  using namespace std::chrono_literals;
+  for (const auto& [N, G] : shapes()) {
+    if (G < 2) continue;  // one rank per node: no node-local stage
+    const int me = world_rank();
+    auto nc = comm::split_by_node(*g_world, me / G);
+    collective_options o;
+    o.timeout = 2000ms;
+    const std::size_t count = 100003;
+    hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> h(
+        nc.intra, nc.inter, count, o);
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    dvec<float> d(count);
+    d.from(make_input(input_kind::normal, count, me, 31));
+    // A call on every rank first: NCCL connects its peers on a communicator's first
+    // collective, on the host, which no deadline could end.
+    h(d.p, d.p, count, s);
+    outcome r;
+    if (me == 0) {  // the others never call: rank 0's stage 1 waits for them
+      const auto t0 = std::chrono::steady_clock::now();
+      r = run_call([&] {
+        h.async(d.p, d.p, count, s);
+        h.sync(s);
+      });
+      INFO(N << " x " << G << ": " << r.what);
+      CHECK(r.kind == 2);
+      CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+      CHECK(nc.intra.aborted());
+      CHECK(nc.inter.aborted());
+    }
+    // Nothing of the call is left waiting: rank 0's stream drains.
+    nc.intra.abort();
+    nc.inter.abort();
+    LOWBIT_CUDA_TRY(cudaStreamSynchronize(s));
+    LOWBIT_CUDA_TRY(cudaStreamDestroy(s));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE(
+    "a hierarchical call whose rail communicator is dead throws before it enqueues anything "
+    "(stage 1 included)") {
+  // Stage 2's collective checked the rail only once stage 1 was enqueued: its peers'
+  // stage 1 matched this rank's and their stage 3 waited for it. A call captured into a
+  // graph shows what it enqueued.
+  for (const auto& [N, G] : shapes()) {
+    if (G < 2) continue;
+    const int me = world_rank();
+    auto nc = comm::split_by_node(*g_world, me / G);
+    const std::size_t count = 100003;
+    hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> h(
+        nc.intra, nc.inter, count);
+    hierarchical_reduce_scatter<float, C4n, feedback::none, full_precision, chunked> rs(
+        nc.intra, nc.inter, count);
+    nc.inter.abort();  // on every rank: each throws alone, nothing waits on a peer
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    dvec<float> d(count);
+    for (int which = 0; which < 2; ++which) {
+      INFO(N << " x " << G << (which == 0 ? ", all_reduce" : ", reduce_scatter"));
+      LOWBIT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      const outcome r = run_call([&] {
+        if (which == 0)
+          h.async(d.p, d.p, count, s);
+        else
+          rs.async(d.p, d.p, count, s);
+      });
+      cudaGraph_t graph = nullptr;
+      LOWBIT_CUDA_TRY(cudaStreamEndCapture(s, &graph));
+      std::size_t nodes = 0;
+      LOWBIT_CUDA_TRY(cudaGraphGetNodes(graph, nullptr, &nodes));
+      LOWBIT_CUDA_TRY(cudaGraphDestroy(graph));
+      INFO(r.what);
+      CHECK(r.kind == 1);
+      CHECK(r.what.find("aborted") != std::string::npos);
+      CHECK(nodes == 0);
+    }
+    LOWBIT_CUDA_TRY(cudaStreamDestroy(s));
+    nc.intra.abort();
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE(
     "split_by_node: a key that only one rank finds wrong raises on every rank, nothing split") {
   // The key was checked per rank before ncclCommSplit: the rank with a negative key threw
   // and every other rank waited in ncclCommSplit for it, for ever.
