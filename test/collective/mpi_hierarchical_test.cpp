@@ -6,8 +6,10 @@
 #include <mpi.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -357,6 +359,54 @@ TEST_CASE(
     CHECK(out[0] == -1.0f);  // nothing written
     reduce(x.data(), out.data(), 1000);
     CHECK(out[0] == static_cast<float>(world_size()));
+  }
+}
+
+TEST_CASE(
+    "hierarchical_all_reduce: a rank whose rail communicator is unusable throws before it "
+    "sends anything; the others time out in the agreement, not in a stage, with both "
+    "communicators marked") {
+  // Stage 2's collective checks the rail, but only after stage 1 has run: the rank threw
+  // there, having sent its stage-1 frames, and its peers waited for its stage-2 and stage-3
+  // frames, each with one communicator marked unusable.
+  using namespace std::chrono_literals;
+  for (const auto& [N, G] : shapes()) {
+    const int me = world_rank();
+    const auto nc = comm::split_by_node(world(), node_of(me, N, G, false));
+    collective_options o;
+    o.timeout = 1000ms;
+    mpi::hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> reduce(
+        nc.intra, nc.inter, 1000, o);
+    if (me == 0) nc.inter.mark_unusable("a test: rank 0's rail failed");
+    std::vector<float> x(1000, 1.0f), out(1000, -1.0f);
+    std::string what;
+    int kind = 0;  // 0 returned, 1 invalid_argument, 2 timeout_error, 3 another error
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      reduce(x.data(), out.data(), 1000);
+    } catch (const invalid_argument& e) {
+      kind = 1;
+      what = e.what();
+    } catch (const timeout_error& e) {
+      kind = 2;
+      what = e.what();
+    } catch (const std::exception& e) {
+      kind = 3;
+      what = e.what();
+    }
+    INFO(N << " x " << G << ": " << what);
+    CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+    CHECK(out[0] == -1.0f);  // nothing written
+    if (me == 0) {
+      CHECK(kind == 1);
+      CHECK(what.find("unusable") != std::string::npos);
+    } else {
+      CHECK(kind == 2);
+      CHECK(what.find("fingerprint") != std::string::npos);  // the agreement's wait
+      CHECK(nc.intra.unusable());
+      CHECK(nc.inter.unusable());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 

@@ -9,8 +9,10 @@
 #include <mpi.h>
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -189,6 +191,180 @@ TEST_CASE("a pipelined hierarchical call captured in a CUDA graph replays the ea
     LOWBIT_CUDA_TRY(cudaGraphExecDestroy(exec));
     LOWBIT_CUDA_TRY(cudaGraphDestroy(graph));
   }
+}
+
+/// What a call ended with on this rank, and its message.
+struct outcome {
+  int kind = 0;  // 0 returned, 1 invalid_argument, 2 timeout_error, 3 nccl_error, 4 another
+  std::string what;
+};
+template <class F>
+outcome run_call(F&& f) {
+  outcome o;
+  try {
+    f();
+  } catch (const invalid_argument& e) {
+    o = {1, e.what()};
+  } catch (const timeout_error& e) {
+    o = {2, e.what()};
+  } catch (const nccl_error& e) {
+    o = {3, e.what()};
+  } catch (const std::exception& e) {
+    o = {4, e.what()};
+  }
+  return o;
+}
+
+/// Whether every rank's `o` has the same kind and message.
+bool same_everywhere(const outcome& o) {
+  const std::uint32_t mine[2] = {static_cast<std::uint32_t>(o.kind),
+                                 lowbit::detail::fnv1a(o.what.c_str())};
+  std::vector<std::uint32_t> all(2 * static_cast<std::size_t>(world_size()));
+  MPI_Allgather(mine, 2, MPI_UINT32_T, all.data(), 2, MPI_UINT32_T, MPI_COMM_WORLD);
+  for (int p = 0; p < world_size(); ++p)
+    if (all[2 * p] != mine[0] || all[2 * p + 1] != mine[1]) return false;
+  return true;
+}
+
+TEST_CASE(
+    "hierarchical sync() watches the node-local communicator too: a stuck stage 1 times out "
+    "and aborts both communicators") {
+  // sync() polled the rail alone: at the deadline it aborted the rail, and the stream
+  // stayed stuck on stage 1's kernels, the node's communicator never aborted.
+  using namespace std::chrono_literals;
+  for (const auto& [N, G] : shapes()) {
+    if (G < 2) continue;  // one rank per node: no node-local stage
+    const int me = world_rank();
+    auto nc = comm::split_by_node(*g_world, me / G);
+    collective_options o;
+    o.timeout = 2000ms;
+    const std::size_t count = 100003;
+    hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> h(
+        nc.intra, nc.inter, count, o);
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    dvec<float> d(count);
+    d.from(make_input(input_kind::normal, count, me, 31));
+    // A call on every rank first: NCCL connects its peers on a communicator's first
+    // collective, on the host, which no deadline could end.
+    h(d.p, d.p, count, s);
+    outcome r;
+    if (me == 0) {  // the others never call: rank 0's stage 1 waits for them
+      const auto t0 = std::chrono::steady_clock::now();
+      r = run_call([&] {
+        h.async(d.p, d.p, count, s);
+        h.sync(s);
+      });
+      INFO(N << " x " << G << ": " << r.what);
+      CHECK(r.kind == 2);
+      CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+      CHECK(nc.intra.aborted());
+      CHECK(nc.inter.aborted());
+    }
+    // Nothing of the call is left waiting: rank 0's stream drains.
+    nc.intra.abort();
+    nc.inter.abort();
+    LOWBIT_CUDA_TRY(cudaStreamSynchronize(s));
+    LOWBIT_CUDA_TRY(cudaStreamDestroy(s));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE(
+    "a hierarchical call whose rail communicator is dead throws before it enqueues anything "
+    "(stage 1 included)") {
+  // Stage 2's collective checked the rail only once stage 1 was enqueued: its peers'
+  // stage 1 matched this rank's and their stage 3 waited for it. A call captured into a
+  // graph shows what it enqueued.
+  for (const auto& [N, G] : shapes()) {
+    if (G < 2) continue;
+    const int me = world_rank();
+    auto nc = comm::split_by_node(*g_world, me / G);
+    const std::size_t count = 100003;
+    hierarchical_all_reduce<float, C4n, feedback::none, full_precision, schedule::flat> h(
+        nc.intra, nc.inter, count);
+    hierarchical_reduce_scatter<float, C4n, feedback::none, full_precision, chunked> rs(
+        nc.intra, nc.inter, count);
+    nc.inter.abort();  // on every rank: each throws alone, nothing waits on a peer
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    dvec<float> d(count);
+    for (int which = 0; which < 2; ++which) {
+      INFO(N << " x " << G << (which == 0 ? ", all_reduce" : ", reduce_scatter"));
+      LOWBIT_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      const outcome r = run_call([&] {
+        if (which == 0)
+          h.async(d.p, d.p, count, s);
+        else
+          rs.async(d.p, d.p, count, s);
+      });
+      cudaGraph_t graph = nullptr;
+      LOWBIT_CUDA_TRY(cudaStreamEndCapture(s, &graph));
+      std::size_t nodes = 0;
+      LOWBIT_CUDA_TRY(cudaGraphGetNodes(graph, nullptr, &nodes));
+      LOWBIT_CUDA_TRY(cudaGraphDestroy(graph));
+      INFO(r.what);
+      CHECK(r.kind == 1);
+      CHECK(r.what.find("aborted") != std::string::npos);
+      CHECK(nodes == 0);
+    }
+    LOWBIT_CUDA_TRY(cudaStreamDestroy(s));
+    nc.intra.abort();
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE(
+    "split_by_node: a key that only one rank finds wrong raises on every rank, nothing split") {
+  // The key was checked per rank before ncclCommSplit: the rank with a negative key threw
+  // and every other rank waited in ncclCommSplit for it, for ever.
+  const int me = world_rank();
+  const int key = me == world_size() - 1 ? -1 : 0;
+  const outcome r = run_call([&] { comm::split_by_node(*g_world, key, std::chrono::seconds(30)); });
+  INFO(r.what);
+  CHECK(r.kind == 1);
+  CHECK(r.what.find("must be >= 0") != std::string::npos);
+  CHECK(same_everywhere(r));
+  CHECK(g_world->valid());  // nothing was aborted: the world still works
+  const auto nc = comm::split_by_node(*g_world, me);
+  CHECK(nc.nodes == world_size());
+}
+
+TEST_CASE("split_by_node: nodes of different sizes raise the same error on every rank") {
+  if (world_size() < 3) return;  // 2 ranks make 1 x 2 or 2 x 1 only
+  const int me = world_rank();
+  const int key = me == world_size() - 1 ? 7 : 3;  // nodes of P - 1 ranks and of 1
+  const outcome r = run_call([&] { comm::split_by_node(*g_world, key, std::chrono::seconds(30)); });
+  INFO(r.what);
+  CHECK(r.kind == 1);
+  CHECK(r.what.find("same number of ranks") != std::string::npos);
+  CHECK(same_everywhere(r));
+}
+
+TEST_CASE("split_by_node refuses a non-blocking communicator on every rank, before splitting") {
+  // ncclCommSplit with no config makes the children non-blocking like their parent, which
+  // lowbit's collectives do not support.
+  int rank = world_rank(), size = world_size();
+  ncclUniqueId id{};
+  if (rank == 0) LOWBIT_NCCL_TRY(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t raw = nullptr;
+  LOWBIT_NCCL_TRY(ncclCommInitRankConfig(&raw, size, id, rank, &cfg));
+  ncclResult_t st = ncclInProgress;
+  while (st == ncclInProgress) LOWBIT_NCCL_TRY(ncclCommGetAsyncError(raw, &st));
+  LOWBIT_NCCL_TRY(st);
+  {
+    comm::nccl_comm nb(raw, comm::ownership::owned);
+    const outcome r = run_call([&] { comm::split_by_node(nb, 0, std::chrono::seconds(30)); });
+    INFO(r.what);
+    CHECK(r.kind == 1);
+    CHECK(r.what.find("non-blocking") != std::string::npos);
+    CHECK(same_everywhere(r));
+    nb.abort();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

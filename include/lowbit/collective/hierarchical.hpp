@@ -64,14 +64,26 @@ class hierarchical_base {
   /// also on a rank whose rail shard is empty, so that every rank keeps the same step).
   std::uint32_t step() const noexcept { return step_; }
   void set_step(std::uint32_t s) noexcept { step_ = s; }
-  const collective_options& options() const noexcept { return inter_.options(); }
+  /// The options this object was built with (each stage runs a copy with a seed of its own,
+  /// and without checked mode: the hierarchical agreement covers every stage).
+  const collective_options& options() const noexcept { return opts_; }
   /// Zeroes stage 2's feedback state (no call in flight).
   void reset_feedback() { inter_.reset_feedback(); }
   /// Stage 2's feedback state: this rank's rail shard's, indexed from the shard's start.
   auto& feedback_state() noexcept { return inter_.feedback_state(); }
   /// Waits for this object's calls on `stream` (NCCL; a no-op on MPI) within
-  /// options().timeout, as the flat collectives' sync().
-  void sync(stream_type stream = {}) { inter_.sync(stream); }
+  /// options().timeout, polling both communicators' asynchronous errors: on an NCCL error
+  /// or expiry both are aborted (whichever failed: the other's stages wait on it) and
+  /// lowbit::nccl_error or lowbit::timeout_error thrown, as the flat collectives' sync()
+  /// does with their one.
+  void sync(stream_type stream = {}) {
+    frame_header last;
+    last.count = last_count_;
+    last.step = step_ - 1;
+    last.seq = seq_ - 1;
+    detail::sync_both<Backend>(intra_.intra_comm(), intra_.inter_comm(), stream,
+                               call_check(who_, last, opts_.timeout, 0));
+  }
 
  protected:
   static constexpr bool on_nccl = std::is_same_v<Backend, backend::nccl>;
@@ -80,6 +92,7 @@ class hierarchical_base {
                     const collective_options& opts, const char* who)
       : max_count_(max_count),
         who_(who),
+        opts_(opts),
         intra_(intra, inter, max_count, opts, who),
         inter_(inter, intra_.largest_shard(max_count), intra_.rail_options(opts)),
         shard_(intra_.largest_shard(max_count)),
@@ -134,24 +147,64 @@ class hierarchical_base {
     rail(s2);
   }
 
-  /// Starts a call: checks that every rank's call is this one, over both communicators,
+  /// Starts a call, before anything is enqueued or sent: every check a stage would make
+  /// that can throw (a stage's collective checks again, but only once the stages before it
+  /// are enqueued: a rank that threw there would leave its peers' earlier stages waiting
+  /// for it); then checks that every rank's call is this one, over both communicators,
   /// before a byte of data moves (always on MPI, in checked mode on NCCL), and sets every
   /// stage's step.
   void begin_call(std::size_t count, stream_type stream) {
-    if (impl::header_bytes > 0 || inter_.options().verify) {
+    if (!broken_.empty())
+      throw invalid_argument(__FILE__, __LINE__,
+                             std::string(who_) +
+                                 ": this collective object is unusable after an earlier error (" +
+                                 broken_ + "); build a new one");
+    intra_.precheck(who_);
+    const std::size_t rail = intra_.shard(count).count;  // stage 2's count
+    LOWBIT_EXPECTS(rail <= inter_.max_count(),
+                   std::string(who_) + ": stage 2's count " + std::to_string(rail) +
+                       " exceeds its max_count " + std::to_string(inter_.max_count()) +
+                       " (a lowbit bug)");
+    if (impl::header_bytes > 0 || opts_.verify) {
       const std::uint32_t cfg = config_id<T, InterCodec, IntraCodec, Schedule, Inter>(
-          fnv1a(who_) ^ (static_cast<std::uint32_t>(inter_.options().op) << 1));
-      intra_.agree(cfg, count, step_, seq_, InterCodec::bits, stream);
+          fnv1a(who_) ^ (static_cast<std::uint32_t>(opts_.op) << 1));
+      guarded([&] { intra_.agree(cfg, count, step_, seq_, InterCodec::bits, stream); },
+              /*retire_on_disagreement=*/false);
     }
     ++seq_;
+    last_count_ = count;
     inter_.set_step(step_);
     intra_.set_step(step_);
     ++step_;
   }
 
+  /// Runs `f` (a call's agreement or its stages): a timeout or a communicator's error
+  /// poisons both communicators (one failed, and the other's stages of this call would
+  /// wait on it); a disagreement that the frames of a stage showed, after the agreement
+  /// passed, retires this object as the flat collectives retire theirs (its stages'
+  /// channels may hold stray frames).
+  template <class F>
+  void guarded(F&& f, bool retire_on_disagreement = true) {
+    try {
+      f();
+    } catch (const agreement_error& e) {
+      if (retire_on_disagreement) broken_ = e.what();
+      throw;
+    } catch (const timeout_error& e) {
+      intra_.poison(e.what());
+      throw;
+    } catch (const coded_error& e) {  // nccl_error, mpi_error, cuda_error
+      intra_.poison(e.what());
+      throw;
+    }
+  }
+
   std::size_t max_count_;
   const char* who_;
+  collective_options opts_;
   std::uint32_t seq_ = 0;  ///< calls made so far
+  std::size_t last_count_ = 0;
+  std::string broken_;  ///< why this object refuses calls; empty while usable
   intra_type intra_;
   Inter inter_;
   typename impl::template buffer<T> shard_;  ///< this rank's rail shard between the stages
@@ -228,6 +281,10 @@ class hierarchical_all_reduce
     this->intra_.validate(in, out, count, this->max_count_);
     if (count == 0) return;
     this->begin_call(count, stream);
+    this->guarded([&] { stages(in, out, count, stream); });
+  }
+
+  void stages(const T* in, T* out, std::size_t count, stream_type stream) {
     if (this->ranks_per_node() == 1)  // stage 1 and 3 are copies: stage 2 alone
       return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
     const schedule::range mine = this->intra_.shard(count);
@@ -307,6 +364,10 @@ class hierarchical_reduce_scatter
     this->intra_.validate(in, shard(count).count > 0 ? out : in, count, this->max_count_);
     if (count == 0) return;
     this->begin_call(count, stream);
+    this->guarded([&] { stages(in, out, count, stream); });
+  }
+
+  void stages(const T* in, T* out, std::size_t count, stream_type stream) {
     if (this->ranks_per_node() == 1)  // stage 1 is a copy: stage 2 alone
       return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
     const schedule::range rail = this->rail_shard(count);

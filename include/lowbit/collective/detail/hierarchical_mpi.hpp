@@ -175,6 +175,22 @@ class plain_stage<backend::mpi, T> {
   std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, gather_off_;
 };
 
+/// The host backend's calls complete before they return (every wait with its deadline):
+/// sync has nothing left to wait for; poison marks both communicators unusable.
+template <>
+struct both_comms<backend::mpi> {
+  static void sync(const comm::mpi_comm&, const comm::mpi_comm&,
+                   backend_impl<backend::mpi>::stream_type, const call_check&) {}
+  static void poison(const comm::mpi_comm& intra, const comm::mpi_comm& inter,
+                     const std::string& why) noexcept {
+    try {
+      intra.mark_unusable(why);
+      inter.mark_unusable(why);
+    } catch (...) {  // out of memory for the message: the call's own error still propagates
+    }
+  }
+};
+
 /// The host backend runs a hierarchical call's chunks one after the other, each step
 /// complete before the next: nothing to link.
 template <>

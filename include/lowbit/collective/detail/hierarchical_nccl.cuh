@@ -7,7 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "lowbit/collective/detail/backend_nccl.cuh"
@@ -35,15 +38,18 @@ class plain_stage<backend::nccl, T> {
 
   /// One chunk of stage 1: for every owner p and range r of ranges(p, f) (indices from the
   /// start of p's rail shard), an ncclReduce to p, grouped; `out` is indexed from this
-  /// rank's shard's start. Every rank issues the same calls in the same order.
+  /// rank's shard's start. Every rank issues the same calls in the same order. A non-root
+  /// rank's receive buffer is not written, but NCCL may check it: it gets `out` itself, as
+  /// p's offsets can lie past the end of this rank's (smaller) shard.
   template <class Ranges>
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       const Ranges& ranges, cudaStream_t s) {
+    const int me = comm_->rank();
     LOWBIT_NCCL_TRY(ncclGroupStart());
     for (int p = 0; p < comm_->size(); ++p) {
       const T* shard = in + schedule::shard(count, block, comm_->size(), p).begin;
       ranges(p, [&](schedule::range r) {
-        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, out + r.begin, r.count,
+        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, p == me ? out + r.begin : out, r.count,
                                    comm::nccl_data_type<T>(), impl::nccl_op(op), p, comm_->get(),
                                    s));
       });
@@ -70,6 +76,62 @@ class plain_stage<backend::nccl, T> {
  private:
   impl be_;
   const comm::nccl_comm* comm_;
+};
+
+/// A hierarchical call's two NCCL communicators. Its work on the caller's stream runs on
+/// both, so a wait watches both: a stuck or failed node-local communicator must end the
+/// wait as a stuck or failed rail does, and either one's failure aborts both (the other's
+/// kernels of the call would wait on it for ever).
+template <>
+struct both_comms<backend::nccl> {
+  static void poison(const comm::nccl_comm& intra, const comm::nccl_comm& inter,
+                     const std::string& /*why*/) noexcept {
+    intra.abort();
+    inter.abort();
+  }
+
+  /// Waits until `stream` is idle within cc.timeout, polling cudaStreamQuery and, while it
+  /// is busy, both communicators' asynchronous errors (nccl_comm::sync's loop, over two):
+  /// lowbit::nccl_error on an NCCL error, lowbit::timeout_error on expiry, both
+  /// communicators aborted either way; lowbit::invalid_argument, both aborted, when one is
+  /// already aborted or empty; a CUDA error throws lowbit::cuda_error.
+  static void sync(const comm::nccl_comm& intra, const comm::nccl_comm& inter, cudaStream_t stream,
+                   const call_check& cc) {
+    const comm::nccl_comm* comms[2] = {&intra, &inter};
+    const char* names[2] = {"node-local (intra)", "cross-node (inter)"};
+    const std::string who = cc.who;
+    for (int i = 0; i < 2; ++i) {
+      if (comms[i]->valid()) continue;
+      poison(intra, inter, {});
+      throw invalid_argument(__FILE__, __LINE__,
+                             who + ": the " + names[i] +
+                                 " NCCL communicator is empty or was aborted; both are "
+                                 "aborted now");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t s = cudaStreamQuery(stream);
+      if (s == cudaSuccess) return;
+      if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
+      for (int i = 0; i < 2; ++i) {
+        const ncclResult_t e = comms[i]->async_error();
+        if (e == ncclSuccess || e == ncclInProgress) continue;
+        poison(intra, inter, {});
+        throw nccl_error(
+            __FILE__, __LINE__, static_cast<int>(e),
+            who + ": asynchronous NCCL error on the " + names[i] +
+                " communicator (both communicators aborted): " + ncclGetErrorString(e));
+      }
+      if (cc.timeout.count() > 0 && std::chrono::steady_clock::now() - start > cc.timeout) {
+        poison(intra, inter, {});
+        throw timeout_error(__FILE__, __LINE__,
+                            cc.timeout_message("the work on the stream, over the node-local "
+                                               "and the cross-node communicators (both "
+                                               "aborted)"));
+      }
+      std::this_thread::yield();
+    }
+  }
 };
 
 /// How a pipelined hierarchical call's stages overlap on NCCL: stage 1 and 3 (the node's

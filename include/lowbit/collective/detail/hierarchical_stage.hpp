@@ -48,6 +48,27 @@ class stage_links {
                 "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
 };
 
+/// What a hierarchical call does with both of its communicators at once; specialised with
+/// the backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh):
+///   static void sync(intra, inter, stream, const call_check&): waits for the call's work
+///     on `stream` within the deadline, watching both communicators (NCCL), and on an
+///     error or expiry poisons both and throws;
+///   static void poison(intra, inter, why): marks both unusable (MPI) or aborts both (NCCL),
+///     as the flat collectives do with their one communicator.
+template <class Backend>
+struct both_comms {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no hierarchical communicator pair for this backend: include "
+                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+};
+
+/// Waits for a hierarchical call's work within cc.timeout, polling both communicators (a
+/// no-op on the MPI backend, whose calls complete before they return).
+template <class Backend, class Comm, class Stream>
+void sync_both(const Comm& intra, const Comm& inter, Stream stream, const call_check& cc) {
+  both_comms<Backend>::sync(intra, inter, stream, cc);
+}
+
 /// The ranges of a one-chunk call: every rank's whole rail shard.
 struct whole_shards {
   std::size_t count, block;
@@ -128,6 +149,8 @@ class intra_stage {
         G_(checked(intra, who).size()),
         l_(intra.rank()),
         n_(checked(inter, who).rank()),
+        intra_comm_(&intra),
+        inter_comm_(&inter),
         intra_ch_(intra),
         inter_ch_(inter),
         stages_(make_stages(intra, max_count)) {
@@ -152,10 +175,14 @@ class intra_stage {
   /// is a flat collective over the whole tensor, whose shards are contiguous).
   static constexpr bool chunked = plain;
 
-  /// Stage 2's options: the caller's, with a seed of this rail's own.
+  /// Stage 2's options: the caller's, with a seed of this rail's own and without checked
+  /// mode: agree() checks every stage's call before the first is enqueued, where stage 2's
+  /// own fingerprint exchange would run after stage 1 is (and, on NCCL, wait for it
+  /// watching the rail alone).
   collective_options rail_options(const collective_options& o) const {
     collective_options r = o;
     r.seed = mix_seed(o.seed, 2, static_cast<std::uint64_t>(l_));
+    r.verify = false;
     return r;
   }
 
@@ -174,6 +201,24 @@ class intra_stage {
     LOWBIT_EXPECTS(count == 0 || (in != nullptr && out != nullptr),
                    std::string(who_) + ": a buffer pointer is null");
   }
+
+  /// The checks of a call that can throw, beyond validate(), run before anything is
+  /// enqueued or sent: both communicators usable (not empty, aborted, marked unusable, nor
+  /// holding an NCCL asynchronous error). Every stage's collective checks its communicator
+  /// again, but only once the stages before it are enqueued: a rank that threw there would
+  /// leave its peers' earlier stages waiting for it.
+  void precheck(const char* who) const {
+    impl::check_comm(*intra_comm_, who);
+    impl::check_comm(*inter_comm_, who);
+  }
+
+  /// After a timeout or a communicator's error anywhere in a call: both communicators are
+  /// unusable (MPI) or aborted (NCCL), whichever one failed.
+  void poison(const std::string& why) const noexcept {
+    both_comms<Backend>::poison(*intra_comm_, *inter_comm_, why);
+  }
+  const comm_type& intra_comm() const noexcept { return *intra_comm_; }
+  const comm_type& inter_comm() const noexcept { return *inter_comm_; }
 
   /// Every rank's call is this one: a header over `intra`, then each rank's header and
   /// verdict over `inter`. The second exchange carries every node's verdict to every
@@ -268,9 +313,11 @@ class intra_stage {
       // Stage 1's noise is keyed by the node as well, so nodes do not share it. Stage 3
       // re-encodes the rail's result, the same bits on every node, so its noise must be
       // the same on every node too: else nodes would end with different outputs.
+      // Neither runs checked mode: agree() covers them, before stage 1 (rail_options).
       collective_options rs = opts_, ag = opts_;
       rs.seed = mix_seed(opts_.seed, 1, static_cast<std::uint64_t>(n_));
       ag.seed = mix_seed(opts_.seed, 3, 0);
+      rs.verify = ag.verify = false;
       return coded{{intra, max_count, rs}, {intra, max_count, ag}};
     }
   }
@@ -318,6 +365,8 @@ class intra_stage {
   const char* who_;
   collective_options opts_;
   int G_, l_, n_;
+  const comm_type* intra_comm_;
+  const comm_type* inter_comm_;
   std::size_t inter_size_ = 0;
   side_channel<Backend> intra_ch_, inter_ch_;
   stages stages_;
