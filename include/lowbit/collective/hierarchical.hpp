@@ -233,8 +233,9 @@ class hierarchical_base {
 /// index in the shard) with a seed drawn from options.seed and the rail, so rails do not
 /// share noise. A call of several chunks (Schedule's chunks of stage 2) pipelines the
 /// stages: chunk k's stage 2, on a stream of this object forked from the caller's, overlaps
-/// stage 1 of chunk k+1 and stage 3 of chunk k-1, on the caller's stream, linked by
-/// events only (graph-capturable), computing the bits of a one-pass call
+/// stage 1 of the later chunks and stage 3 of the earlier ones (the caller's stream runs
+/// every chunk's stage 1, then every chunk's stage 3), linked by events only
+/// (graph-capturable), computing the bits of a one-pass call
 /// (docs/multi-node.md, "Pipelining"); the MPI backend runs the same chunks in turn.
 /// Move-only.
 template <class T, class InterCodec, class Feedback = feedback::none,
