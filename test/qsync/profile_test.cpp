@@ -115,20 +115,24 @@ TEST_CASE("the CPU chain uses measured host times and the tail's host time") {
   REQUIRE(gpu.evaluate(gpu.uniform(precision::fp32)).iteration_ms() == Approx(6.01));
 }
 
-TEST_CASE("the tail comes from the profile of the precision holding most parameters") {
-  auto ops = linear_chain(2);
-  ops[1].param_numel = 10 * ops[0].param_numel;
+TEST_CASE("the tail comes from the profile of the precision most parameter ops run at") {
+  // The first op holds ten times the others' parameters (an embedding): counted in
+  // parameters it would decide the tail alone; counted in ops, as the plan applier's
+  // ambient precision is, it is one op of three.
+  auto ops = linear_chain(3);
+  ops[0].param_numel = 10 * ops[1].param_numel;
   device_group grp{round_device(), 1, {}};
   grp.measured.set_tail(precision::fp32, {3.0, 0});
   grp.measured.set_tail(precision::fp16, {1.0, 0});
   const simulator sim(model_of(ops), {"one", {grp}, {"l", 1, 0}});
   using P = precision;
-  REQUIRE(sim.trace(0, {P::fp32, P::fp16}).tail_ms == Approx(1.0));
-  REQUIRE(sim.trace(0, {P::fp16, P::fp32}).tail_ms == Approx(3.0));
-  REQUIRE(sim.trace(0, {P::int8, P::int8}).tail_ms == Approx(1.0));  // nearest measured
-  REQUIRE(sim.dominant_precision({P::int8, P::fp32}) == P::fp32);
+  REQUIRE(sim.trace(0, {P::fp16, P::fp32, P::fp32}).tail_ms == Approx(3.0));
+  REQUIRE(sim.trace(0, {P::fp32, P::fp16, P::fp16}).tail_ms == Approx(1.0));
+  REQUIRE(sim.trace(0, {P::int8, P::int8, P::int8}).tail_ms == Approx(1.0));  // nearest measured
+  REQUIRE(sim.dominant_precision({P::int8, P::fp32, P::int8}) == P::int8);
+  REQUIRE(sim.dominant_precision({P::fp16, P::fp32, P::bf16}) == P::fp32);  // ties: higher
   const simulator none(model_of(ops), {"one", {{round_device(), 1, {}}}, {"l", 1, 0}});
-  REQUIRE(none.trace(0, {P::fp32, P::fp32}).tail_ms ==
+  REQUIRE(none.trace(0, {P::fp32, P::fp32, P::fp32}).tail_ms ==
           Approx(none.costs(0).optimizer_ms(none.graph().total_params(), 0)));
 }
 

@@ -115,7 +115,12 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     handles = []
     grad_hooks = []
 
-    def producers_of(inputs) -> List[str]:
+    def producers_of(inputs):
+        """The ops whose outputs reach ``inputs`` (walking back through the autograd
+        graph), and the subset that reach them only through code between the ops (an
+        input that is not the producer's own output tensor: a residual add, attention's
+        core, a view)."""
+        direct = {producer[t.grad_fn] for t in inputs if t.grad_fn in producer}
         found, stack, visited = [], [t.grad_fn for t in inputs if t.grad_fn is not None], set()
         while stack and len(visited) < 4096:
             fn = stack.pop()
@@ -126,7 +131,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 found.append(producer[fn])
                 continue
             stack.extend(f for f, _ in fn.next_functions)
-        return found
+        return found, [n for n in dict.fromkeys(found) if n not in direct]
 
     def pre(name):
         def hook(m, args):
@@ -134,10 +139,12 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             ins = [t for t in _tensors(args)]
             own = [p for p in m.parameters(recurse=False)]
             first_call = op == call_name(name, 0)
+            inputs, via_code = producers_of(ins)
             records[op] = {
                 "module_class": type(m).__name__, "kind": kind_of(type(m).__name__),
                 "param_numel": float(sum(p.numel() for p in own)) if first_call else 0.0,
-                "inputs": producers_of(ins), "order": order[0], "saved_bytes": {precision: 0.0},
+                "inputs": inputs, "via_code": via_code, "order": order[0],
+                "saved_bytes": {precision: 0.0},
                 "input_numel": float(_numel(ins)),
             }
             order[0] += 1

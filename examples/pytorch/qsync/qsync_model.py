@@ -98,7 +98,9 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
                first_bucket_mb: float = 1.0) -> dict:
     """The model JSON lowbit-plan reads, from per-op records (what export.py collects:
     ``{op_name: {"kind" or "module_class", "flops", "bytes", "output_numel",
-    "saved_bytes": {precision: bytes}, "param_numel", "inputs", "stats", "order"}}``).
+    "saved_bytes": {precision: bytes}, "param_numel", "inputs", "via_code", "stats",
+    "order"}}``; "via_code" lists the inputs that reach the op through code between the
+    ops rather than as the producer's own output).
 
     Ops are in the records' forward order. With a trace (a profile of the same
     program), the ops that ran in it must come in the same order, else the records and
@@ -144,6 +146,9 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     pos = {o["name"]: k for k, o in enumerate(ops)}
     for o in ops:
         o["inputs"] = [i for i in o["inputs"] if pos[i] < pos[o["name"]]]
+        via = [i for i in records[o["name"]].get("via_code", []) if i in o["inputs"]]
+        if via:
+            o["via_code"] = via
     out = {"name": name, "optimizer_bytes_per_param": optimizer_bytes_per_param,
            "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb, "ops": ops}
     if untimed:
@@ -239,15 +244,21 @@ def consumer_counts(model: dict) -> Dict[str, int]:
     return out
 
 
+RANK = ("int8", "fp8", "fp16", "bf16", "tf32", "fp32")  # lowbit's precision order
+
+
 def ambient_precision(precisions: Dict[str, str]) -> str:
-    """The precision most parameters' ops run at: the plan applier runs the whole step
-    under it (autocast for 16 bits) and wraps only the ops that differ."""
+    """The precision most ops with parameters run at (``precisions`` holds those ops;
+    ties to the higher precision in lowbit's order): the plan applier runs the whole
+    step under it (autocast for 16 bits) and wraps only the ops that differ. lowbit-plan
+    costs the code between modules at the same precision (simulator's
+    dominant_precision), so the two must agree."""
     if not precisions:
         return "fp32"
     counts: Dict[str, int] = {}
     for p in precisions.values():
         counts[p] = counts.get(p, 0) + 1
-    return max(sorted(counts), key=lambda p: counts[p])
+    return max(counts, key=lambda p: (counts[p], RANK.index(p)))
 
 
 def host_trace(host_ms: List[float]) -> dict:

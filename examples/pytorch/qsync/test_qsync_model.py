@@ -54,7 +54,8 @@ RECORDS = {
     "relu": {"module_class": "ReLU", "param_numel": 0, "output_numel": 4096,
              "inputs": ["conv", "conv"], "order": 1, "saved_bytes": {"fp32": 16384}},
     "relu#2": {"module_class": "ReLU", "param_numel": 0, "output_numel": 4096,
-               "inputs": ["relu", "nowhere"], "order": 2, "saved_bytes": {"fp32": 0}},
+               "inputs": ["relu", "nowhere"], "via_code": ["relu", "nowhere"], "order": 2,
+               "saved_bytes": {"fp32": 0}},
 }
 
 
@@ -86,6 +87,8 @@ class ModelJson(unittest.TestCase):
         self.assertEqual(conv["stats"], {"weight_norm": 1.0, "input_numel": 3072.0})
         self.assertEqual(relu["inputs"], ["conv"])  # deduplicated
         self.assertEqual(relu2["inputs"], ["relu"])  # unknown producers dropped
+        self.assertNotIn("via_code", relu)  # only the producer's own output
+        self.assertEqual(relu2["via_code"], ["relu"])  # through code, known ops only
         self.assertNotIn("untimed", m)
         self.assertEqual(qm.missing_ranges(TRACE, m), [])
         # An op the trace never timed is kept (its parameters cost memory) and listed.
@@ -115,6 +118,9 @@ class ModelJson(unittest.TestCase):
         self.assertEqual(qm.plan_precisions({"groups": [{"ops": {"conv": "fp16"}}]}, m),
                          {"conv": "fp16"})
         self.assertEqual(qm.ambient_precision({"a": "bf16", "b": "bf16", "c": "fp32"}), "bf16")
+        # ties go to the higher precision, as lowbit-plan's dominant_precision does
+        self.assertEqual(qm.ambient_precision({"a": "bf16", "b": "fp32"}), "fp32")
+        self.assertEqual(qm.ambient_precision({"a": "bf16", "b": "fp16"}), "bf16")
         recs = dict(RECORDS, fc={"module_class": "Linear", "param_numel": 10, "order": 3,
                                  "inputs": ["relu#2"]})
         m2 = qm.model_json(recs, "tiny")

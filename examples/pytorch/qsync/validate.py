@@ -6,7 +6,7 @@ Run mode (needs torch with CUDA), from the repository root:
     python3 examples/pytorch/qsync/validate.py --out OUT --lowbit-plan build/tools/lowbit-plan
 
 For every model case (a ResNet-like CNN at batch 256, a 6-layer BERT-like encoder at
-seq 512 batch 32, the CNN at batch 1 as the host-bound case) it
+seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
 
 1. records the ops (leaf-module calls, producers, saved bytes at fp32/fp16/bf16,
    indicator statistics) and writes ``OUT/<case>.model.json``;
@@ -151,8 +151,10 @@ def build_bert(torch, nn, F, layers=6, hidden=768, heads=12, ffn=3072, vocab=305
 CASES = {
     "cnn-b256": dict(model="cnn", batch=256),
     "bert-b32": dict(model="bert", batch=32, seq=512),
+    "bert-b64": dict(model="bert", batch=64, seq=512),
+    # Host-bound steps vary more from step to step: more of them, cheap at batch 1.
     "cnn-b1": dict(model="cnn", batch=1, precisions=("fp32", "bf16"),
-                   plans=("fp32", "bf16")),
+                   plans=("fp32", "bf16"), iters=100, host_iters=50),
 }
 
 
@@ -267,7 +269,7 @@ def run_case(torch, args, name, spec, out, measured_rows):
         # The profiler itself inflates host time (every op and launch is recorded), so
         # the host truth comes from steps timed without it.
         host = []
-        for k in range(args.host_iters + 2):  # two to settle after the profiler
+        for k in range(spec.get("host_iters", args.host_iters) + 2):  # two settle
             step(host if k >= 2 else None)
         # One step of the median: lowbit-plan averages steps, the median ignores outliers.
         qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
@@ -302,7 +304,7 @@ def run_case(torch, args, name, spec, out, measured_rows):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             times, host = [], []
-            for _ in range(args.iters):
+            for _ in range(spec.get("iters", args.iters)):
                 t = time.perf_counter()
                 step(host)
                 times.append(1000.0 * (time.perf_counter() - t))
@@ -311,7 +313,7 @@ def run_case(torch, args, name, spec, out, measured_rows):
         del opt, step
         free_memory(torch)
         row = {"case": "%s/%s" % (name, pn), "model": name, "plan": pn, "batch": spec["batch"],
-               "iters": args.iters, "iter_ms_median": "%.4f" % qm.median(times),
+               "iters": spec.get("iters", args.iters), "iter_ms_median": "%.4f" % qm.median(times),
                "iter_ms_mean": "%.4f" % (sum(times) / len(times)),
                "iter_ms_min": "%.4f" % min(times), "iter_ms_max": "%.4f" % max(times),
                "peak_gib": "%.4f" % peak, "host_ms_median": "%.4f" % qm.median(host),

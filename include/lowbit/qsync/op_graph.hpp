@@ -97,7 +97,12 @@ struct op {
   double saved_numel = 0.0;         ///< elements kept for backward (stored at the op's precision)
   double param_numel = 0.0;         ///< parameters (kept in fp32 with fp32 gradients)
   std::vector<std::string> inputs;  ///< names of the producing ops
-  std::vector<precision> allowed;   ///< empty: whatever the device offers
+  /// The inputs (a subset of `inputs`) that reach this op through code between the
+  /// ops (attention's core, a residual add, a view) rather than as the producer's own
+  /// output: that code runs at the plan's ambient precision, so a cast on such an edge
+  /// goes through it (see simulator::trace).
+  std::vector<std::string> via_code;
+  std::vector<precision> allowed;  ///< empty: whatever the device offers
   tensor_stats stats;
   /// Bytes the op saved for backward when profiled at each precision (indexed by
   /// index_of), negative where not measured. Measured sizes see what the storage-width
@@ -143,6 +148,10 @@ class op_graph {
         producers_[i].push_back(j);
         consumers_[j].push_back(i);
       }
+      for (const auto& in : ops_[i].via_code)
+        LOWBIT_EXPECTS(
+            std::find(ops_[i].inputs.begin(), ops_[i].inputs.end(), in) != ops_[i].inputs.end(),
+            "op '" + ops_[i].name + "' lists '" + in + "' under via_code but not under inputs");
     }
     topo_sort_();
   }
@@ -155,6 +164,12 @@ class op_graph {
   const op& at(std::size_t i) const { return ops_.at(i); }
   /// Distinct producers of op `i`, in the order of its inputs.
   const std::vector<std::size_t>& producers(std::size_t i) const { return producers_.at(i); }
+  /// True when producer `j`'s output reaches consumer `i` through code between the ops
+  /// (`j` is listed in op i's `via_code`).
+  bool via_code(std::size_t i, std::size_t j) const {
+    const auto& v = ops_.at(i).via_code;
+    return std::find(v.begin(), v.end(), ops_.at(j).name) != v.end();
+  }
   /// Distinct consumers of op `i`.
   const std::vector<std::size_t>& consumers(std::size_t i) const { return consumers_.at(i); }
   /// Forward execution order (a topological order).

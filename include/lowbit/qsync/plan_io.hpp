@@ -52,7 +52,7 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 /// A model from JSON:
 /// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb",
 ///   "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
-///            "param_numel", "inputs": [...], "allowed": ["fp16", ...],
+///            "param_numel", "inputs": [...], "via_code": [...], "allowed": ["fp16", ...],
 ///            "stats": {"weight_norm", ...}}]}`.
 /// Unknown input ops and cycles are reported by op_graph, naming the op.
 inline training_model model_from_json(const nlohmann::json& j) {
@@ -83,6 +83,7 @@ inline training_model model_from_json(const nlohmann::json& j) {
       o.saved_numel = detail::number_or(x, "saved_numel", 0);
       o.param_numel = detail::number_or(x, "param_numel", 0);
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
+      if (x.contains("via_code")) o.via_code = x["via_code"].get<std::vector<std::string>>();
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
       if (x.contains("saved_bytes"))
         for (const auto& [pn, v] : x["saved_bytes"].items())

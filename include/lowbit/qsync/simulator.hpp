@@ -102,15 +102,19 @@ class simulator {
     return per_op;
   }
 
-  /// Group g's kernels for resolved precisions `p`. Forward in topological order:
-  /// a cast per input edge whose producer runs at another precision, a cast of the
-  /// fp32 master weights for low-precision ops with parameters, the op. Backward in
-  /// reverse: a cast per consumer edge whose gradient arrives at another precision,
-  /// the op's backward, and the cast of its weight gradient back to fp32, after which
-  /// the gradient is ready for its bucket. An op whose time at its precision was
-  /// measured gets no weight or graph-input casts: its autocast profile holds them.
-  /// Each op kernel carries the op's host time (measured, else one launch); the tail
-  /// is the one measured at the precision that holds most parameters (else the
+  /// Group g's kernels for resolved precisions `p`, with the casts lowbit's plan applier
+  /// launches (examples/pytorch/qsync/apply_plan.py). The step runs at the ambient
+  /// precision A (dominant_precision). Forward in topological order: an op at p != A
+  /// hands its output to the code between the ops cast to A, whether that code reads it
+  /// or not; an input edge from producer j costs a cast p[j] -> p[i] when it is the
+  /// producer's own output, and, when it comes through code between the ops, the cast
+  /// A -> p[i] of what that code made (p[j] -> A is the producer's cast); then the cast
+  /// of the fp32 master weights for low-precision ops with parameters, and the op.
+  /// Backward in reverse: the gradient casts of the same edges, the op's backward, and
+  /// the cast of its weight gradient back to fp32, after which the gradient is ready for
+  /// its bucket. An op whose time at its precision was measured gets no weight or
+  /// graph-input casts: its autocast profile holds them. Each op kernel carries the op's
+  /// host time (measured, else one launch); the tail is the one measured at A (else the
   /// roofline optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
@@ -124,20 +128,40 @@ class simulator {
       if (from != to && numel > 0 && cm.cast_ms(from, to, numel) > 0)
         push(launch, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
     };
+    const precision ambient = dominant_precision(p);
+    // Whether op i's output cast to the ambient precision is read: by code between the
+    // ops, or directly by an op at the ambient precision. Unread, it is launched and
+    // dropped, and has no backward.
+    std::vector<bool> ambient_copy_read(gr.size(), false);
+    for (std::size_t i = 0; i < gr.size(); ++i)
+      for (std::size_t c : gr.consumers(i))
+        if (gr.via_code(c, i) || p[c] == ambient) ambient_copy_read[i] = true;
     for (std::size_t i : gr.topo_order()) {
       const op& o = gr.at(i);
       const bool inside = cm.measured_with_casts(o, p[i], false);
       if (gr.producers(i).empty() && !inside) cast(precision::fp32, p[i], o.stats.input_numel, i);
-      for (std::size_t j : gr.producers(i)) cast(p[j], p[i], gr.at(j).output_numel, i);
+      for (std::size_t j : gr.producers(i)) {
+        if (gr.via_code(i, j))
+          cast(ambient, p[i], gr.at(j).output_numel, i);
+        else if (p[i] != ambient)
+          cast(p[j], p[i], gr.at(j).output_numel, i);
+      }
       if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i);
       push(cm.host_time(o, p[i]).forward_ms, cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
+      cast(p[i], ambient, o.output_numel, i);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       const std::size_t i = *it;
       const op& o = gr.at(i);
-      for (std::size_t c : gr.consumers(i)) cast(p[c], p[i], o.output_numel, i);
+      for (std::size_t c : gr.consumers(i)) {
+        if (gr.via_code(c, i))
+          cast(p[c], ambient, o.output_numel, i);
+        else if (p[c] != ambient)
+          cast(p[c], p[i], o.output_numel, i);
+      }
+      if (ambient_copy_read[i]) cast(ambient, p[i], o.output_numel, i);
       push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
            i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
@@ -149,22 +173,24 @@ class simulator {
       for (std::size_t i : b.ops) last = std::max(last, grad_ready[i]);
       t.bucket_ready.push_back(last);
     }
-    const tail_time tail =
-        cm.tail(dominant_precision(p), gr.total_params(), model_.optimizer_bytes_per_param);
+    const tail_time tail = cm.tail(ambient, gr.total_params(), model_.optimizer_bytes_per_param);
     t.tail_ms = tail.gpu_ms;
     t.tail_cpu_ms = tail.cpu_ms;
     return t;
   }
 
-  /// The precision that holds the most parameters under `p` (ties to the higher one;
-  /// fp32 for a model without parameters): the profile whose tail a plan inherits.
+  /// The precision most ops with parameters run at under `p` (ties to the higher one;
+  /// fp32 for a model without parameters): the profile whose tail a plan inherits. It is
+  /// the plan applier's ambient precision (examples/pytorch/qsync: the step runs under it
+  /// and the code between modules, attention's core among it, at it), counted in ops and
+  /// not in parameters, so that a large embedding does not decide what that code runs at.
   precision dominant_precision(const std::vector<precision>& p) const {
-    std::array<double, precision_count> params{};
+    std::array<std::size_t, precision_count> ops{};
     for (std::size_t i = 0; i < graph().size(); ++i)
-      params[index_of(clamp_precision(graph().at(i).kind, p.at(i)))] += graph().at(i).param_numel;
+      if (graph().at(i).has_params()) ++ops[index_of(clamp_precision(graph().at(i).kind, p.at(i)))];
     precision best = precision::fp32;
     for (precision q : all_precisions)
-      if (params[index_of(q)] > 0 && params[index_of(q)] >= params[index_of(best)]) best = q;
+      if (ops[index_of(q)] > 0 && ops[index_of(q)] >= ops[index_of(best)]) best = q;
     return best;
   }
 
