@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -30,9 +31,11 @@ const std::string header =
     "regime,coll,type,op,bits,feedback,schedule,ranks,bytes,count,lowbit_us,lowbit_busbw,"
     "nccl_us,nccl_busbw,speedup,wire_ratio,rel_err,wrong,algorithm,transport\n";
 
+/// Writes `text` to `name` in the temporary directory; returns the path.
 std::string write_file(const std::string& name, const std::string& text) {
-  std::ofstream(name) << text;
-  return name;
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
 }
 
 link_profile nvlink() { return builtin_link("nvlink4"); }
