@@ -111,14 +111,19 @@ TEST_CASE("outside the measured range or not measured: the analytic model, count
   CHECK(c.all_reduce(4, 4194304, 1, link, dev).ms == 0.0);  // one rank: no lookup
   CHECK(c.lookups() == 4);
   CHECK(c.fallbacks() == 4);
+  CHECK(c.fallbacks(4) == 2);
+  CHECK(c.fallbacks(8) == 1);
+  CHECK(c.fallbacks(32) == 1);
+  CHECK(c.fallbacks(16) == 0);
   c.all_reduce(4, 4194304, 2, link, dev);
   CHECK(c.lookups() == 5);
   CHECK(c.fallbacks() == 4);
   c.reset_counts();
   CHECK(c.fallbacks() == 0);
+  CHECK(c.fallbacks(4) == 0);
 }
 
-TEST_CASE("the regime picks the link class; with several, one must be named") {
+TEST_CASE("the regime picks the link class, and with several one must be named") {
   const comm_calibration pcie = load_comm_calibration(fixture, {"pcie"});
   std::string why;
   CHECK(pcie.measured_ms(4, 1048576, 2, why) == Approx(0.054656));

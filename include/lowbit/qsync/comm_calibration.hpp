@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -139,6 +140,8 @@ class comm_calibration {
   calibrated_time all_reduce(int bits, double count, int ranks, const link_profile& link,
                              const device_profile& dev) const {
     calibrated_time t;
+    LOWBIT_EXPECTS(bits >= 1 && (bits <= 16 || bits == 32),
+                   "communication bits must be 1..16 or 32, got " + std::to_string(bits));
     if (ranks == 1 || count <= 0) return t;
     counts_->lookups.fetch_add(1, std::memory_order_relaxed);
     const double ms = measured_ms(bits, count, ranks, t.fallback);
@@ -148,6 +151,7 @@ class comm_calibration {
       return t;
     }
     counts_->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    counts_->by_bits[static_cast<std::size_t>(bits)].fetch_add(1, std::memory_order_relaxed);
     t.ms = all_reduce_ms(bits, count, ranks, link, dev);
     return t;
   }
@@ -156,15 +160,22 @@ class comm_calibration {
   std::size_t lookups() const noexcept { return counts_->lookups.load(); }
   /// Lookups the analytic model answered for lack of a measurement.
   std::size_t fallbacks() const noexcept { return counts_->fallbacks.load(); }
-  /// Sets both counts to zero.
+  /// Of those, the lookups at `bits` (1..16 or 32).
+  std::size_t fallbacks(int bits) const {
+    LOWBIT_EXPECTS(bits >= 0 && bits <= 32, "bits must be 1..16 or 32");
+    return counts_->by_bits[static_cast<std::size_t>(bits)].load();
+  }
+  /// Sets the counts to zero.
   void reset_counts() const noexcept {
     counts_->lookups = 0;
     counts_->fallbacks = 0;
+    for (auto& n : counts_->by_bits) n = 0;
   }
 
  private:
   struct counts {
     std::atomic<std::size_t> lookups{0}, fallbacks{0};
+    std::array<std::atomic<std::size_t>, 33> by_bits{};
   };
   using key = std::tuple<int, int, std::string>;  // ranks, bits, type
 
