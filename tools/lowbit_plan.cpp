@@ -9,6 +9,8 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -59,6 +61,15 @@ options:
                         chunks a call is cut into
   --backend nccl|mpi    the hierarchical all-reduce's backend (default nccl): NCCL
                         overlaps the stages of different chunks, MPI runs them in turn
+  --comm-calibration FILE[:REGIME]
+                        bucket all-reduce times measured on the cluster's own links:
+                        lowbit-perf --csv rows (coll all_reduce, feedback none) of the
+                        regime REGIME (needed when FILE holds several), interpolated in
+                        log(bytes); coded widths from float rows' lowbit_us, 32 from
+                        float rows' nccl_us, 16 from bfloat16 rows' nccl_us plus the
+                        casts. A size outside the measured range, a width or a rank
+                        count the table lacks, and hierarchical all-reduces stay with
+                        the analytic model; the output counts them
   --comm-table COUNT    print the communication model instead of planning: predicted
                         ms of one all-reduce of COUNT fp32 values per --comm-bits width
                         on each of --nodes (default 2,4,8,16) nodes of G ranks (the
@@ -92,7 +103,7 @@ struct options {
   comm_schedule schedule;
   comm_backend backend = comm_backend::nccl;
   bool given_schedule = false, given_backend = false;  // else the cluster's (JSON) apply
-  std::string csv;
+  std::string csv, comm_calibration;
   double comm_table = 0;
   std::vector<int> nodes = {2, 4, 8, 16};
   bool all_ops = false, help = false;
@@ -158,6 +169,8 @@ options parse_args(int argc, char** argv) {
         throw usage_error("--backend must be nccl or mpi, got '" + b + "'");
       o.backend = parse_comm_backend(b);
       o.given_backend = true;
+    } else if (a == "--comm-calibration") {
+      o.comm_calibration = value();
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "--comm-table") {
@@ -222,14 +235,97 @@ cluster load_cluster(const options& o, const op_graph& g) {
   return c;
 }
 
-// Writes `{"model", "cluster", "plans": [...]}` to `path`.
+// --comm-calibration FILE[:REGIME]: the table, its regime after the last ':' unless what
+// follows holds a '/' (then the whole is a path).
+std::shared_ptr<const comm_calibration> load_calibration(const std::string& spec) {
+  const auto colon = spec.rfind(':');
+  calibration_filter f;
+  std::string file = spec;
+  if (colon != std::string::npos && spec.find('/', colon) == std::string::npos) {
+    file = spec.substr(0, colon);
+    f.regime = spec.substr(colon + 1);
+    if (file.empty() || f.regime.empty())
+      throw usage_error("--comm-calibration: expected FILE[:REGIME], got '" + spec + "'");
+  }
+  return std::make_shared<const comm_calibration>(load_comm_calibration(file, f));
+}
+
+// Where a plan's bucket times come from: buckets the table answers, buckets the model
+// prices for lack of a measurement, and the reasons.
+struct bucket_sources {
+  std::size_t from_table = 0, fallback = 0;
+  std::set<std::string> reasons;
+};
+
+bucket_sources sources_of(const simulator& sim, const std::vector<int>& bits) {
+  bucket_sources s;
+  const cluster& hw = sim.hardware();
+  if (!hw.calibration || hw.hierarchical() || hw.world_size() == 1) return s;
+  for (std::size_t k = 0; k < sim.buckets().size(); ++k) {
+    std::string why;
+    if (hw.calibration->measured_ms(bits[k], sim.buckets()[k].numel, hw.world_size(), why) >= 0) {
+      ++s.from_table;
+    } else {
+      ++s.fallback;
+      s.reasons.insert(why);
+    }
+  }
+  return s;
+}
+
+// Where the bucket all-reduce times came from, as JSON: "model" or "table" with its file,
+// regime and lookup counts.
+nlohmann::ordered_json comm_times_json(const simulator& sim) {
+  nlohmann::ordered_json j;
+  const cluster& hw = sim.hardware();
+  const bool table = hw.calibration && !hw.hierarchical();
+  j["source"] = table ? "table" : "model";
+  if (hw.calibration) {
+    j["table"] = hw.calibration->file();
+    j["regime"] = hw.calibration->regime();
+    j["lookups"] = hw.calibration->lookups();
+    j["fallbacks"] = hw.calibration->fallbacks();
+  }
+  return j;
+}
+
+// Prints the line saying how many of a plan's buckets the table priced.
+void print_sources(const simulator& sim, const std::vector<int>& bits) {
+  const cluster& hw = sim.hardware();
+  if (!hw.calibration || hw.hierarchical() || hw.world_size() == 1) return;
+  const bucket_sources s = sources_of(sim, bits);
+  std::printf("  bucket times: %zu of %zu from %s (%s), %zu from the analytic model%s\n",
+              s.from_table, sim.buckets().size(), hw.calibration->file().c_str(),
+              hw.calibration->regime().c_str(), s.fallback, s.reasons.empty() ? "" : ":");
+  for (const auto& r : s.reasons) std::printf("    %s\n", r.c_str());
+  std::printf("  table lookups while planning: %zu, %zu of them fell back to the analytic model",
+              hw.calibration->lookups(), hw.calibration->fallbacks());
+  std::string by_bits;
+  for (int b = 1; b <= 32; ++b)
+    if (hw.calibration->fallbacks(b) > 0)
+      by_bits += (by_bits.empty() ? "" : ", ") + std::to_string(b) + "-bit " +
+                 std::to_string(hw.calibration->fallbacks(b));
+  std::printf("%s%s%s\n", by_bits.empty() ? "" : " (", by_bits.c_str(), by_bits.empty() ? "" : ")");
+}
+
+// Writes `{"model", "cluster", "comm_times", "plans": [...]}` to `path`; `bits` are each
+// plan's bucket bit-widths.
 void write_predictions(const std::string& path, const simulator& sim,
-                       const std::vector<std::pair<std::string, evaluation>>& plans) {
+                       const std::vector<std::pair<std::string, evaluation>>& plans,
+                       const std::vector<std::vector<int>>& bits) {
   nlohmann::ordered_json j;
   j["model"] = sim.model().name;
   j["cluster"] = sim.hardware().name;
+  j["comm_times"] = comm_times_json(sim);
   j["plans"] = nlohmann::ordered_json::array();
-  for (const auto& [name, e] : plans) j["plans"].push_back(evaluation_to_json(sim, name, e));
+  for (std::size_t p = 0; p < plans.size(); ++p) {
+    nlohmann::ordered_json pj = evaluation_to_json(sim, plans[p].first, plans[p].second);
+    if (j["comm_times"]["source"] == "table") {
+      const bucket_sources s = sources_of(sim, bits[p]);
+      pj["comm_buckets"] = {{"from_table", s.from_table}, {"fallback", s.fallback}};
+    }
+    j["plans"].push_back(std::move(pj));
+  }
   std::ofstream out(path);
   if (!out) throw usage_error("cannot write '" + path + "'");
   out << j.dump(2) << "\n";
@@ -241,6 +337,7 @@ int predict_given(const options& o, const simulator& sim) {
   const plan pl = plan_from_json(sim, read_json_file(o.plan_file));
   const evaluation e = sim.evaluate(pl);
   std::printf("  plan %s: %.3f ms per iteration\n", o.plan_file.c_str(), e.iteration_ms());
+  print_sources(sim, pl.bucket_bits);
   for (std::size_t g = 0; g < sim.group_count(); ++g) {
     const memory_breakdown& m = e.groups[g].memory;
     std::printf(
@@ -251,7 +348,7 @@ int predict_given(const options& o, const simulator& sim) {
         m.weight_copies / gib, m.cast_copies / gib, m.workspace / gib,
         e.groups[g].fits ? "" : " (does not fit)");
   }
-  if (!o.json_out.empty()) write_predictions(o.json_out, sim, {{o.plan_file, e}});
+  if (!o.json_out.empty()) write_predictions(o.json_out, sim, {{o.plan_file, e}}, {pl.bucket_bits});
   return 0;
 }
 
@@ -316,6 +413,10 @@ int run(const options& o) {
   if (o.given_schedule) hw.schedule = o.schedule;
   if (o.given_backend) hw.backend = o.backend;
   if (o.comm_table > 0) {
+    if (!o.comm_calibration.empty())
+      throw usage_error(
+          "--comm-calibration prices the planner's flat bucket all-reduces; --comm-table "
+          "prints the analytic hierarchical model");
     options t = o;
     t.schedule = hw.schedule;
     t.backend = hw.backend;
@@ -329,6 +430,7 @@ int run(const options& o) {
     hw.ranks_per_node = o.ranks_per_node;
     hw.inter_link = builtin_link(o.inter_link);
   }
+  if (!o.comm_calibration.empty()) hw.calibration = load_calibration(o.comm_calibration);
   const simulator sim(model, hw);
   const op_graph& g = sim.graph();
 
@@ -346,6 +448,17 @@ int run(const options& o) {
         hw.world_size() / hw.ranks_per_node, hw.ranks_per_node, hw.inter_link.name.c_str(),
         hw.inter_link.bandwidth_gbs, hw.schedule.name.c_str(), to_string(hw.backend),
         hw.backend == comm_backend::nccl ? "chunks overlapped" : "chunks in turn");
+  if (hw.calibration && hw.hierarchical())
+    std::printf(
+        "  bucket times: the analytic hierarchical model; %s (%s) prices flat all-reduces "
+        "only\n",
+        hw.calibration->file().c_str(), hw.calibration->regime().c_str());
+  else if (hw.calibration)
+    std::printf(
+        "  bucket times: measured all-reduces from %s (regime %s, %zu series), the analytic "
+        "model where it has none\n",
+        hw.calibration->file().c_str(), hw.calibration->regime().c_str(),
+        hw.calibration->series_count());
   std::printf("  %zu ops (%zu with parameters), %.1fM parameters, %zu gradient buckets\n", g.size(),
               decisions, g.total_params() / 1e6, sim.buckets().size());
   if (!o.plan_file.empty()) return predict_given(o, sim);
@@ -385,6 +498,7 @@ int run(const options& o) {
   for (std::size_t k = 0; k < sim.buckets().size(); ++k)
     std::printf("  %4zu %12.0f %5d %10.2f %10.2f\n", k, sim.buckets()[k].numel,
                 a.result.bucket_bits[k], a.eval.times.bucket_start[k], a.eval.times.bucket_end[k]);
+  print_sources(sim, a.result.bucket_bits);
 
   std::printf("\n  precision per op and device type%s:\n  %-36s",
               o.all_ops ? "" : " (ops with parameters)", "op");
@@ -412,7 +526,15 @@ int run(const options& o) {
     out << plan_to_json(sim, a).dump(2) << "\n";
     std::printf("  plan written to %s\n", o.out.c_str());
   }
-  if (!o.json_out.empty()) write_predictions(o.json_out, sim, rows);
+  if (!o.json_out.empty()) {
+    const std::size_t n = sim.buckets().size();
+    std::vector<std::vector<int>> bits = {std::vector<int>(n, 32), std::vector<int>(n, 32)};
+    if (bf16) bits.emplace_back(n, 32);
+    bits.emplace_back(n, 32);
+    bits.emplace_back(n, low);
+    bits.push_back(a.result.bucket_bits);
+    write_predictions(o.json_out, sim, rows, bits);
+  }
   return 0;
 }
 

@@ -2,9 +2,11 @@
 // groups of identical devices joined by one link class).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "lowbit/qsync/comm_calibration.hpp"
 #include "lowbit/qsync/comm_model.hpp"
 #include "lowbit/qsync/cost_model.hpp"
 #include "lowbit/qsync/device_profile.hpp"
@@ -34,6 +36,8 @@ struct device_group {
 /// `link` inside a node and `inter_link` (one rank's own network link) between nodes, the
 /// bucket's bits choosing the cross-node code width; `schedule` and `backend` say how that
 /// all-reduce cuts and overlaps its chunks (NCCL overlaps them, MPI runs them in turn).
+/// With a `calibration` table a flat all-reduce's time is the one measured on `link`'s
+/// class (comm_calibration); a hierarchical one stays with the analytic model.
 struct cluster {
   std::string name;
   std::vector<device_group> groups;
@@ -41,7 +45,8 @@ struct cluster {
   int ranks_per_node = 0;    ///< 0 or 1: one flat all-reduce over `link`
   link_profile inter_link;   ///< between nodes, per rank, when ranks_per_node > 1
   comm_schedule schedule{};  ///< the hierarchical all-reduce's Schedule (default_schedule)
-  comm_backend backend = comm_backend::nccl;  ///< the hierarchical all-reduce's Backend
+  comm_backend backend = comm_backend::nccl;            ///< the hierarchical all-reduce's Backend
+  std::shared_ptr<const comm_calibration> calibration;  ///< measured flat all-reduces, or none
 
   /// True when buckets are reduced hierarchically (more than one node of several ranks).
   bool hierarchical() const noexcept { return ranks_per_node > 1 && world_size() > ranks_per_node; }

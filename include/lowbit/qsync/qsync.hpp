@@ -4,6 +4,7 @@
 
 #include "lowbit/qsync/allocator.hpp"
 #include "lowbit/qsync/cluster.hpp"
+#include "lowbit/qsync/comm_calibration.hpp"
 #include "lowbit/qsync/comm_model.hpp"
 #include "lowbit/qsync/cost_model.hpp"
 #include "lowbit/qsync/device_profile.hpp"

@@ -195,12 +195,18 @@ class simulator {
   }
 
   /// Group g's time for bucket k's all-reduce at `bits` (hierarchical: overlapped on an NCCL
-  /// cluster, in turn on an MPI one).
+  /// cluster, in turn on an MPI one; flat: the cluster's calibration table where it has
+  /// one, which counts the lookups it leaves to the analytic model).
   double bucket_ms(std::size_t g, std::size_t k, int bits) const {
     if (hw_.hierarchical())
       return hierarchical_all_reduce_ms(
           bits, buckets_.at(k).numel, hw_.world_size() / hw_.ranks_per_node, hw_.ranks_per_node,
           hw_.link, hw_.inter_link, costs_.at(g).device(), 32, hw_.schedule, hw_.backend);
+    if (hw_.calibration)
+      return hw_.calibration
+          ->all_reduce(bits, buckets_.at(k).numel, hw_.world_size(), hw_.link,
+                       costs_.at(g).device())
+          .ms;
     return all_reduce_ms(bits, buckets_.at(k).numel, hw_.world_size(), hw_.link,
                          costs_.at(g).device());
   }
