@@ -75,19 +75,15 @@ TEST_CASE("casts are inserted only around the op whose precision changed") {
   REQUIRE(count_casts(sim.trace(0, p.precisions[0]), nullptr) == 0);
   p.precisions[0][2] = precision::fp16;
   std::set<std::size_t> where;
-  // The step's ambient precision stays fp32. Forward: op2's input cast and weight cast,
-  // op2's output cast back to the ambient (what op3 reads). Backward: the gradient
-  // from op3 cast to fp16 and the weight gradient's cast (op2), the gradient op1 gets
-  // back at fp32 (op1).
+  // Forward: input cast, weight cast (op2), output cast (op3's input). Backward: the
+  // incoming gradient (op2), the weight gradient (op2), the outgoing gradient (op1).
   REQUIRE(count_casts(sim.trace(0, p.precisions[0]), &where) == 6);
-  REQUIRE(where == std::set<std::size_t>{1, 2});
-  // Two neighbours at the same low precision need no cast between them, but op2 still
-  // hands an ambient copy of its output to the code between the ops, which nothing
-  // reads here: launched and dropped, forward only (the plan applier does so).
+  REQUIRE(where == std::set<std::size_t>{1, 2, 3});
+  // Two neighbours at the same low precision need no cast between them.
   p.precisions[0][3] = precision::fp16;
   where.clear();
-  REQUIRE(count_casts(sim.trace(0, p.precisions[0]), &where) == 9);
-  REQUIRE(where == std::set<std::size_t>{1, 2, 3});
+  REQUIRE(count_casts(sim.trace(0, p.precisions[0]), &where) == 8);
+  REQUIRE(where == std::set<std::size_t>{1, 2, 3, 4});
 }
 
 TEST_CASE("a cast through code between the ops goes through the ambient precision") {
@@ -95,8 +91,10 @@ TEST_CASE("a cast through code between the ops goes through the ambient precisio
   d.casts = t4_cast_costs();
   using P = precision;
   const std::vector<P> plan = {P::fp32, P::fp32, P::fp16, P::fp16, P::fp32};  // ambient fp32
-  auto count_casts = [&](const std::vector<op>& ops) {
-    const simulator sim(model_of(ops), {"c", {{d, 1, {}}}, builtin_link("pcie4")});
+  auto count_casts = [&](const std::vector<op>& ops, cast_rule rule = cast_rule::ambient) {
+    training_model m = model_of(ops);
+    m.casts = rule;
+    const simulator sim(m, {"c", {{d, 1, {}}}, builtin_link("pcie4")});
     int n = 0;
     for (const auto& k : sim.trace(0, plan).kernels) n += k.kind == kernel_kind::cast;
     return n;
@@ -112,6 +110,9 @@ TEST_CASE("a cast through code between the ops goes through the ambient precisio
   // backward the gradient goes fp16 -> fp32 -> fp16 on that edge: three casts more.
   ops[3].via_code = {ops[2].name};
   REQUIRE(count_casts(ops) == 12);
+  // Per edge (QSync's own rule), via_code changes nothing: op1 -> op2 and op3 -> op4,
+  // forward and backward, plus two weight casts each way.
+  REQUIRE(count_casts(ops, cast_rule::per_edge) == 8);
   auto bad = linear_chain(3);
   bad[2].via_code = {bad[0].name};
   REQUIRE_THROWS_WITH(op_graph(bad), Catch::Contains("under via_code but not under inputs"));

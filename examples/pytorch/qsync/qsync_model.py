@@ -149,8 +149,10 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
         via = [i for i in records[o["name"]].get("via_code", []) if i in o["inputs"]]
         if via:
             o["via_code"] = via
+    # apply_plan.py casts through the step's ambient precision: lowbit-plan prices that.
     out = {"name": name, "optimizer_bytes_per_param": optimizer_bytes_per_param,
-           "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb, "ops": ops}
+           "bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb,
+           "casts": "ambient", "ops": ops}
     if untimed:
         out["untimed"] = untimed
     return out

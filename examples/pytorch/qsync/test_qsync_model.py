@@ -80,6 +80,7 @@ class ModelJson(unittest.TestCase):
     def test_model_json(self):
         m = qm.model_json(RECORDS, "tiny", trace=TRACE)
         self.assertEqual([o["name"] for o in m["ops"]], ["conv", "relu", "relu#2"])
+        self.assertEqual(m["casts"], "ambient")  # as apply_plan.py casts
         conv, relu, relu2 = m["ops"]
         self.assertEqual(conv["kind"], "conv")
         self.assertEqual(conv["saved_numel"], 3072)

@@ -15,12 +15,25 @@
 namespace lowbit::qsync {
 
 /// A model to plan for: its iteration's ops and how DDP trains it.
+/// Where a mixed plan's casts go, which depends on what applies the plan.
+enum class cast_rule {
+  /// One cast per edge whose producer and consumer run at different precisions (QSync's
+  /// own plugin casts each op's inputs to its precision).
+  per_edge,
+  /// Through the step's ambient precision, as lowbit's plan applier
+  /// (examples/pytorch/qsync/apply_plan.py) does: an op off the ambient hands the code
+  /// between the ops its output cast to the ambient, and an input through that code
+  /// (op::via_code) is cast from it. Only 16- and 32-bit float plans (what autocast runs).
+  ambient,
+};
+
 struct training_model {
   std::string name;
   op_graph graph;
   double optimizer_bytes_per_param = 8.0;  ///< Adam's two fp32 moments; 4 for momentum SGD
   double bucket_cap_mb = 25.0;             ///< DDP bucket_cap_mb
   double first_bucket_mb = 1.0;            ///< DDP's smaller first bucket
+  cast_rule casts = cast_rule::per_edge;   ///< model JSON "casts": "per_edge" | "ambient"
 };
 
 /// Identical devices that run the same plan, with their measured op times.

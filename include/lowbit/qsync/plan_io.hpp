@@ -50,7 +50,7 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 }  // namespace detail
 
 /// A model from JSON:
-/// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb",
+/// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb", "casts",
 ///   "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
 ///            "param_numel", "inputs": [...], "via_code": [...], "allowed": ["fp16", ...],
 ///            "stats": {"weight_norm", ...}}]}`.
@@ -64,6 +64,10 @@ inline training_model model_from_json(const nlohmann::json& j) {
     m.optimizer_bytes_per_param = detail::number_or(j, "optimizer_bytes_per_param", 8.0);
     m.bucket_cap_mb = detail::number_or(j, "bucket_cap_mb", 25.0);
     m.first_bucket_mb = detail::number_or(j, "first_bucket_mb", 1.0);
+    const std::string casts = j.value("casts", std::string("per_edge"));
+    LOWBIT_EXPECTS(casts == "per_edge" || casts == "ambient",
+                   "\"casts\" must be \"per_edge\" or \"ambient\", not \"" + casts + "\"");
+    m.casts = casts == "ambient" ? cast_rule::ambient : cast_rule::per_edge;
   });
   std::vector<op> ops;
   const auto& arr = j["ops"];

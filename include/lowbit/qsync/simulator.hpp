@@ -102,20 +102,21 @@ class simulator {
     return per_op;
   }
 
-  /// Group g's kernels for resolved precisions `p`, with the casts lowbit's plan applier
-  /// launches (examples/pytorch/qsync/apply_plan.py). The step runs at the ambient
-  /// precision A (dominant_precision). Forward in topological order: an op at p != A
-  /// hands its output to the code between the ops cast to A, whether that code reads it
-  /// or not; an input edge from producer j costs a cast p[j] -> p[i] when it is the
-  /// producer's own output, and, when it comes through code between the ops, the cast
-  /// A -> p[i] of what that code made (p[j] -> A is the producer's cast); then the cast
-  /// of the fp32 master weights for low-precision ops with parameters, and the op.
-  /// Backward in reverse: the gradient casts of the same edges, the op's backward, and
-  /// the cast of its weight gradient back to fp32, after which the gradient is ready for
-  /// its bucket. An op whose time at its precision was measured gets no weight or
-  /// graph-input casts: its autocast profile holds them. Each op kernel carries the op's
-  /// host time (measured, else one launch); the tail is the one measured at A (else the
-  /// roofline optimizer step).
+  /// Group g's kernels for resolved precisions `p`. Forward in topological order: the
+  /// casts of the op's inputs, the cast of the fp32 master weights for low-precision ops
+  /// with parameters, the op. Backward in reverse: the casts of the gradients arriving
+  /// from its consumers, the op's backward, and the cast of its weight gradient back to
+  /// fp32, after which the gradient is ready for its bucket. The casts follow the model's
+  /// cast_rule: per_edge, one per edge whose producer runs at another precision than its
+  /// consumer (each way); ambient (lowbit's plan applier, at the step's ambient precision
+  /// A = dominant_precision): an op at p != A hands the code between the ops its output
+  /// cast to A, whether that code reads it or not; an edge that is the producer's own
+  /// output costs p[j] -> p[i] unless the consumer is at A (it reads that copy), an edge
+  /// through code between the ops costs A -> p[i]; gradients go back the same ways. An op
+  /// whose time at its precision was measured gets no weight or graph-input casts: its
+  /// autocast profile holds them. Each op kernel carries the op's host time (measured,
+  /// else one launch); the tail is the one measured at A (else the roofline optimizer
+  /// step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
     const cost_model& cm = costs_.at(g);
@@ -129,11 +130,12 @@ class simulator {
         push(launch, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
     };
     const precision ambient = dominant_precision(p);
-    // Whether op i's output cast to the ambient precision is read: by code between the
-    // ops, or directly by an op at the ambient precision. Unread, it is launched and
-    // dropped, and has no backward.
+    const bool through_ambient = model_.casts == cast_rule::ambient;
+    // Through the ambient: whether op i's output cast to the ambient precision is read,
+    // by code between the ops or directly by an op at the ambient precision. Unread, it is
+    // launched and dropped, and has no backward.
     std::vector<bool> ambient_copy_read(gr.size(), false);
-    for (std::size_t i = 0; i < gr.size(); ++i)
+    for (std::size_t i = 0; through_ambient && i < gr.size(); ++i)
       for (std::size_t c : gr.consumers(i))
         if (gr.via_code(c, i) || p[c] == ambient) ambient_copy_read[i] = true;
     for (std::size_t i : gr.topo_order()) {
@@ -141,14 +143,16 @@ class simulator {
       const bool inside = cm.measured_with_casts(o, p[i], false);
       if (gr.producers(i).empty() && !inside) cast(precision::fp32, p[i], o.stats.input_numel, i);
       for (std::size_t j : gr.producers(i)) {
-        if (gr.via_code(i, j))
+        if (!through_ambient)
+          cast(p[j], p[i], gr.at(j).output_numel, i);
+        else if (gr.via_code(i, j))
           cast(ambient, p[i], gr.at(j).output_numel, i);
-        else if (p[i] != ambient)
+        else if (p[i] != ambient)  // at the ambient, it reads the producer's ambient copy
           cast(p[j], p[i], gr.at(j).output_numel, i);
       }
       if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i);
       push(cm.host_time(o, p[i]).forward_ms, cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
-      cast(p[i], ambient, o.output_numel, i);
+      if (through_ambient) cast(p[i], ambient, o.output_numel, i);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
@@ -156,7 +160,9 @@ class simulator {
       const std::size_t i = *it;
       const op& o = gr.at(i);
       for (std::size_t c : gr.consumers(i)) {
-        if (gr.via_code(c, i))
+        if (!through_ambient)
+          cast(p[c], p[i], o.output_numel, i);
+        else if (gr.via_code(c, i))
           cast(p[c], ambient, o.output_numel, i);
         else if (p[c] != ambient)
           cast(p[c], p[i], o.output_numel, i);
