@@ -182,6 +182,14 @@ TEST_CASE("memory: an edge cast the consumer saves, where the profile shared its
   const op_graph att({q, k, o});
   REQUIRE(memory_bytes(att, {P::fp32, P::fp32, P::fp16}, 0).cast_copies == 2000);
   REQUIRE(memory_bytes(att, {P::fp32, P::fp16, P::fp16}, 0).cast_copies == 2000);
+  // Through code between the ops at an ambient precision (lowbit's plan applier): o's
+  // input is that code's output, at the ambient width whatever q and k ran at; a copy
+  // only where o runs at another width.
+  o.via_code = {"q", "k"};
+  const op_graph att_code({q, k, o});
+  REQUIRE(memory_bytes(att_code, {P::fp32, P::fp16, P::fp16}, 0, 0, P::fp16).cast_copies == 0);
+  REQUIRE(memory_bytes(att_code, {P::fp16, P::fp16, P::fp16}, 0, 0, P::fp32).cast_copies == 2000);
+  REQUIRE(memory_bytes(att_code, {P::fp32, P::fp16, P::fp16}, 0).cast_copies == 2000);  // per edge
 }
 
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {

@@ -244,9 +244,13 @@ inline double cast_saves_copy(const op& o, precision p, double saved, double inp
 /// `workspace_mib` plus the gradients in flight at the worst point of backward: walking ops in
 /// reverse, op i holds its incoming and outgoing gradient (twice its output at its width) while
 /// what the ops before it in backward saved has been freed, so the term is max_i (2 out_i w_i -
-/// freed before i), at least 0.
+/// freed before i), at least 0. With `ambient` (the cast_rule::ambient of lowbit's plan
+/// applier) an input through code between the ops (op::via_code) arrives at the ambient
+/// precision, whatever its producer ran at: it is a copy only where the op runs at
+/// another width than the ambient one.
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
-                                     double optimizer_bytes_per_param, double workspace_mib = 0.0) {
+                                     double optimizer_bytes_per_param, double workspace_mib = 0.0,
+                                     std::optional<precision> ambient = std::nullopt) {
   LOWBIT_EXPECTS(per_op.size() == g.size(), "one precision per op is needed");
   memory_breakdown m;
   const double params = g.total_params();
@@ -267,7 +271,9 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     // modules (q, k and v behind attention, feeding o) count as the one input they make.
     double casts = 0, other = 0;
     for (std::size_t j : g.producers(*it)) {
-      if (storage_bits(clamp_precision(g.at(j).kind, per_op[j])) == storage_bits(p)) continue;
+      const precision from =
+          ambient && g.via_code(*it, j) ? *ambient : clamp_precision(g.at(j).kind, per_op[j]);
+      if (storage_bits(from) == storage_bits(p)) continue;
       const double c = cast_saves_copy(o, p, saved, g.at(j).output_numel);
       if (o.kind == op_kind::matmul) {
         casts += c;

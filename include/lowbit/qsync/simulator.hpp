@@ -228,7 +228,10 @@ class simulator {
     r.trace = trace(g, r.precisions);
     r.timing = timing_of(r.trace, replay_streams(r.trace.kernels));
     r.memory = memory_bytes(model_.graph, r.precisions, model_.optimizer_bytes_per_param,
-                            costs_[g].device().workspace_mib);
+                            costs_[g].device().workspace_mib,
+                            model_.casts == cast_rule::ambient
+                                ? std::optional<precision>(dominant_precision(r.precisions))
+                                : std::nullopt);
     r.fits = r.memory.total() <= costs_[g].device().usable_bytes();
     for (std::size_t k = 0; k < buckets_.size(); ++k) r.comm_ms.push_back(bucket_ms(g, k, bits[k]));
     return r;
