@@ -113,6 +113,22 @@ TEST_CASE("a cast through code between the ops goes through the ambient precisio
   // Per edge (QSync's own rule), via_code changes nothing: op1 -> op2 and op3 -> op4,
   // forward and backward, plus two weight casts each way.
   REQUIRE(count_casts(ops, cast_rule::per_edge) == 8);
+  // A layer norm autocast keeps at fp32 anyway: at fp32 among 16-bit ops it adds no casts
+  // through the ambient (its neighbours' profiles hold them), four per edge.
+  auto ln_ops = linear_chain(3);
+  ln_ops[1].kind = op_kind::layer_norm;
+  const std::vector<P> ln_plan = {P::fp16, P::fp32, P::fp16};
+  auto ln_casts = [&](cast_rule rule) {
+    training_model m = model_of(ln_ops);
+    m.casts = rule;
+    const simulator sim(m, {"c", {{d, 1, {}}}, builtin_link("pcie4")});
+    int n = 0;
+    for (const auto& k : sim.trace(0, ln_plan).kernels)
+      n += k.kind == kernel_kind::cast && k.op != 0 && k.op != 2;
+    return n;
+  };
+  REQUIRE(ln_casts(cast_rule::ambient) == 0);
+  REQUIRE(ln_casts(cast_rule::per_edge) > 0);
   auto bad = linear_chain(3);
   bad[2].via_code = {bad[0].name};
   REQUIRE_THROWS_WITH(op_graph(bad), Catch::Contains("under via_code but not under inputs"));

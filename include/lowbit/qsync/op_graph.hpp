@@ -59,6 +59,13 @@ constexpr bool keeps_16_bits(op_kind k) noexcept {
          k == op_kind::gelu || k == op_kind::matmul || k == op_kind::embedding;
 }
 
+/// Kinds autocast runs at fp32 whatever it is asked (its fp32 list: layer_norm, softmax):
+/// under autocast at 16 bits they take their input cast to fp32 and return fp32, and the
+/// ops around them cast it back inside their own ranges.
+constexpr bool autocast_runs_fp32(op_kind k) noexcept {
+  return k == op_kind::layer_norm || k == op_kind::softmax;
+}
+
 /// The precision `op` of kind `k` really runs at when asked for `p`: 8-bit requests on
 /// 16-bit-floor kinds are raised to fp16.
 constexpr precision clamp_precision(op_kind k, precision p) noexcept {

@@ -138,6 +138,16 @@ class simulator {
     for (std::size_t i = 0; through_ambient && i < gr.size(); ++i)
       for (std::size_t c : gr.consumers(i))
         if (gr.via_code(c, i) || p[c] == ambient) ambient_copy_read[i] = true;
+    // Through the ambient, an op autocast keeps at fp32 (autocast_runs_fp32) takes and
+    // gives fp32 at any precision the plan names, and its neighbours' 16-bit profiles hold
+    // the casts around it: the applier's casts around it replace those, none are added.
+    const auto free_casts = [&](std::size_t i) {
+      return through_ambient && autocast_runs_fp32(gr.at(i).kind);
+    };
+    const auto edge_cast = [&](precision from, precision to, double numel, std::size_t i,
+                               std::size_t other) {
+      if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i);
+    };
     for (std::size_t i : gr.topo_order()) {
       const op& o = gr.at(i);
       const bool inside = cm.measured_with_casts(o, p[i], false);
@@ -146,13 +156,13 @@ class simulator {
         if (!through_ambient)
           cast(p[j], p[i], gr.at(j).output_numel, i);
         else if (gr.via_code(i, j))
-          cast(ambient, p[i], gr.at(j).output_numel, i);
+          edge_cast(ambient, p[i], gr.at(j).output_numel, i, i);
         else if (p[i] != ambient)  // at the ambient, it reads the producer's ambient copy
-          cast(p[j], p[i], gr.at(j).output_numel, i);
+          edge_cast(p[j], p[i], gr.at(j).output_numel, i, j);
       }
       if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i);
       push(cm.host_time(o, p[i]).forward_ms, cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
-      if (through_ambient) cast(p[i], ambient, o.output_numel, i);
+      if (through_ambient) edge_cast(p[i], ambient, o.output_numel, i, i);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
@@ -163,11 +173,11 @@ class simulator {
         if (!through_ambient)
           cast(p[c], p[i], o.output_numel, i);
         else if (gr.via_code(c, i))
-          cast(p[c], ambient, o.output_numel, i);
+          edge_cast(p[c], ambient, o.output_numel, i, c);
         else if (p[c] != ambient)
-          cast(p[c], p[i], o.output_numel, i);
+          edge_cast(p[c], p[i], o.output_numel, i, c);
       }
-      if (ambient_copy_read[i]) cast(ambient, p[i], o.output_numel, i);
+      if (ambient_copy_read[i]) edge_cast(ambient, p[i], o.output_numel, i, i);
       push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
            i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
