@@ -15,7 +15,7 @@ import torch
 from ._build import collectives as extension
 from .comm import communicator
 
-_FEEDBACK = ("none", "residual", "residual_bf16", "ef21")
+_FEEDBACK = ("none", "residual", "residual_bf16", "residual_stage2", "ef21")
 
 
 class DDPState:
@@ -24,7 +24,9 @@ class DDPState:
     bits: 1, 2, 4 or 8 (may be changed between steps: ``state.bits = 8``).
     grid: "zero" (exact zeros survive; the default for gradients) or "full".
     rounding: "nearest" or "stochastic" (keyed by seed, step, rank, index).
-    feedback: "none", "residual" (fp32 state), "residual_bf16" or "ef21".
+    feedback: "none", "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual
+        plus one on the shard owner's second quantization, which lowbit's two_phase
+        algorithm makes on more than two ranks) or "ef21".
     crossover: "auto" (measured on the group's links on first use, per dtype and
         width), an int (bytes: smaller buckets take NCCL's plain all-reduce), or 0
         (always low-bit). Calls that take the plain path are counted in stats().

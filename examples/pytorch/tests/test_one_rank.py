@@ -10,7 +10,7 @@ import torch.nn as nn
 import lowbit_torch
 from conftest import fully_shard_with_lowbit
 
-FEEDBACK = ["none", "residual", "residual_bf16", "ef21"]
+FEEDBACK = ["none", "residual", "residual_bf16", "residual_stage2", "ef21"]
 
 
 def _model(seed=0):

@@ -13,7 +13,9 @@ training when only one GPU is at hand.
 A configuration is "bf16" (the baseline: each rank's gradient rounded to bf16, summed in
 fp32, rounded to bf16, as a bf16 all-reduce), "fp32", or b<bits>-<grid>-<feedback>
 [-stochastic][-warm<steps>] with grid zero|full and feedback none|residual|residual_bf16|
-ef21|damped<beta> (a residual kept at beta times the error: e = beta * (c - D(Q(c))));
+residual_stage2|ef21|damped<beta> (a residual kept at beta times the error: e = beta *
+(c - D(Q(c)))); residual_stage2 also keeps a residual on the owner's re-encoding of the
+reduced shard (more than two ranks), as lowbit's residual<float, true> does;
 -warm<k> sends full precision for the first k steps.
 
 The seeds of a configuration train side by side in one process, a step each in turn, so
@@ -67,9 +69,10 @@ class Reducer:
         self.fb = fb
         state_dtype = torch.bfloat16 if fb == "residual_bf16" else torch.float32
         self.e = (torch.zeros(ranks, n, device=device, dtype=state_dtype)
-                  if fb in ("residual", "residual_bf16", "ef21") else None)
+                  if fb in ("residual", "residual_bf16", "residual_stage2", "ef21") else None)
         self.g = torch.zeros(n, device=device) if fb == "ef21" else None  # EF21's replicated g
-        self.e2 = torch.zeros(n, device=device) if (fb == "ef21" and ranks > 2) else None
+        self.e2 = (torch.zeros(n, device=device)
+                   if fb in ("ef21", "residual_stage2") and ranks > 2 else None)
 
     def qd(self, x, step, rank, stage=0):
         c = self.cfg
@@ -90,7 +93,7 @@ class Reducer:
         for r in range(P):  # rank order, fp32, as the decode-sum kernel
             if fb == "none":
                 acc += self.qd(grads[r], step, r)
-            elif fb in ("residual", "residual_bf16"):
+            elif fb in ("residual", "residual_bf16", "residual_stage2"):
                 x = grads[r] + self.e[r].float()
                 d = self.qd(x, step, r)
                 self.e[r] = ((x - d) * self.beta).to(self.e.dtype)

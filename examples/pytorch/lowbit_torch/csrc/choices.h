@@ -27,10 +27,11 @@ inline feedback_kind make_feedback(const std::string& f) {
   if (f == "none") return feedback_kind::none;
   if (f == "residual" || f == "residual_fp32") return feedback_kind::residual_f32;
   if (f == "residual_bf16") return feedback_kind::residual_bf16;
+  if (f == "residual_stage2") return feedback_kind::residual_stage2;
   if (f == "ef21") return feedback_kind::ef21;
   TORCH_CHECK_VALUE(false,
                     "lowbit_torch: feedback must be 'none', 'residual' (fp32 state), "
-                    "'residual_bf16' or 'ef21', got '",
+                    "'residual_bf16', 'residual_stage2' or 'ef21', got '",
                     f, "'");
 }
 

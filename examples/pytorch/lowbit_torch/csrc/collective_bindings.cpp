@@ -39,6 +39,8 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
         return make_all_reduce_as<T, residual<float>>(comm, max_count, codec, config);
       case feedback_kind::residual_bf16:
         return make_all_reduce_as<T, residual<__nv_bfloat16>>(comm, max_count, codec, config);
+      case feedback_kind::residual_stage2:
+        return make_all_reduce_as<T, residual<float, true>>(comm, max_count, codec, config);
       case feedback_kind::ef21:
         break;
     }

@@ -31,6 +31,10 @@ struct feedback_policy<feedback_kind::residual_bf16> {
   using type = lowbit::feedback::residual<__nv_bfloat16>;
 };
 template <>
+struct feedback_policy<feedback_kind::residual_stage2> {
+  using type = lowbit::feedback::residual<float, true>;
+};
+template <>
 struct feedback_policy<feedback_kind::ef21> {
   using type = lowbit::feedback::ef21<float>;
 };

@@ -38,7 +38,9 @@ struct codec_choice {
 };
 
 /// Error feedback chosen at run time.
-enum class feedback_kind { none, residual_f32, residual_bf16, ef21 };
+/// residual_stage2: residual_f32 plus the shard owner's residual on its second
+/// quantization (two_phase, more than two ranks; lowbit::feedback::residual<float, true>).
+enum class feedback_kind { none, residual_f32, residual_bf16, residual_stage2, ef21 };
 
 template <class T>
 struct tag {
