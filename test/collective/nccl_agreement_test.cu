@@ -1,0 +1,201 @@
+// Ranks that disagree on the NCCL backend (2+ GPUs, one MPI rank each): every rank ends
+// with a clear error within the deadline, nothing is written to an output, nothing hangs.
+//
+// Device frames carry no header, so a disagreement that keeps every frame's size (counts
+// within the same blocks, another step) is caught only in checked mode
+// (collective_options::verify), which these cases turn on; a rank that throws before
+// it sends, or never calls, makes the others time out at sync()'s deadline in either
+// mode, and the communicator is aborted.
+#define CATCH_CONFIG_RUNNER
+#include <mpi.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lowbit/collective/nccl.cuh"
+#include "lowbit/comm/mpi_bootstrap.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using codec4 = lowbit::codec<lowbit::quant::absmax<4>, lowbit::round::stochastic>;
+using all_reduce4 =
+    lowbit::all_reduce<float, codec4, lowbit::feedback::none, lowbit::schedule::flat>;
+
+cudaStream_t g_stream = nullptr;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+bool last_rank() { return world_rank() == world_size() - 1; }
+
+/// What a call ended with on this rank.
+enum class outcome { ok = 0, agreement = 1, timeout = 2, invalid = 3, other = 4 };
+
+template <class F>
+outcome run(F&& f, std::string* what = nullptr) {
+  try {
+    f();
+    return outcome::ok;
+  } catch (const lowbit::agreement_error& e) {
+    if (what) *what = e.what();
+    return outcome::agreement;
+  } catch (const lowbit::timeout_error& e) {
+    if (what) *what = e.what();
+    return outcome::timeout;
+  } catch (const lowbit::invalid_argument& e) {
+    if (what) *what = e.what();
+    return outcome::invalid;
+  } catch (const std::exception& e) {
+    if (what) *what = e.what();
+    return outcome::other;
+  }
+}
+
+/// Every rank's outcome, on every rank (over MPI: the NCCL communicator may be aborted).
+std::vector<int> gather_outcomes(outcome o) {
+  std::vector<int> all(static_cast<std::size_t>(world_size()));
+  int mine = static_cast<int>(o);
+  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  return all;
+}
+
+/// A fresh communicator for each case: a timeout aborts the one it ran on.
+lowbit::comm::nccl_comm fresh_comm() { return lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD); }
+
+lowbit::collective_options quick(bool verify) {
+  lowbit::collective_options o;
+  o.timeout = 3000ms;
+  o.verify = verify;
+  return o;
+}
+
+constexpr float sentinel = -12345.0f;
+
+/// Device buffers of `n` floats: an input and an output filled with the sentinel.
+struct buffers {
+  float* in = nullptr;
+  float* out = nullptr;
+  std::size_t n = 0;
+  explicit buffers(std::size_t n_) : n(n_) {
+    std::vector<float> x(n), s(n, sentinel);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = static_cast<float>(std::sin(0.01 * double(i)) + 0.1 * world_rank());
+    LOWBIT_CUDA_TRY(cudaMalloc(&in, n * sizeof(float)));
+    LOWBIT_CUDA_TRY(cudaMalloc(&out, n * sizeof(float)));
+    LOWBIT_CUDA_TRY(cudaMemcpy(in, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    LOWBIT_CUDA_TRY(cudaMemcpy(out, s.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  buffers(const buffers&) = delete;
+  ~buffers() {
+    cudaFree(in);
+    cudaFree(out);
+  }
+  bool untouched() const {
+    std::vector<float> y(n);
+    LOWBIT_CUDA_TRY(cudaMemcpy(y.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float v : y)
+      if (v != sentinel) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checked mode on NCCL: counts that differ raise on every rank, nothing is written") {
+  if (world_size() < 2) return;
+  for (std::size_t other : {std::size_t{1020}, std::size_t{3000}}) {  // same blocks, and not
+    lowbit::comm::nccl_comm c = fresh_comm();
+    all_reduce4 ar(c, 4096, quick(true));
+    const std::size_t n = last_rank() ? other : 1000;
+    buffers b(n);
+    std::string what;
+    const outcome o = run([&] { ar(b.in, b.out, n, g_stream); }, &what);
+    INFO(what);
+    for (int v : gather_outcomes(o)) CHECK(v == static_cast<int>(outcome::agreement));
+    CHECK(b.untouched());
+    if (!last_rank()) CHECK(what.find("count") != std::string::npos);
+    // Checked mode throws before a frame moves: the object and the communicator stay
+    // usable.
+    buffers b2(1000);
+    CHECK(run([&] { ar(b2.in, b2.out, 1000, g_stream); }) == outcome::ok);
+    CHECK_FALSE(b2.untouched());
+  }
+}
+
+TEST_CASE("checked mode on NCCL: another step is named on every rank") {
+  if (world_size() < 2) return;
+  lowbit::comm::nccl_comm c = fresh_comm();
+  all_reduce4 ar(c, 1024, quick(true));
+  if (last_rank()) ar.set_step(7);
+  buffers b(512);
+  std::string what;
+  const outcome o = run([&] { ar(b.in, b.out, 512, g_stream); }, &what);
+  for (int v : gather_outcomes(o)) CHECK(v == static_cast<int>(outcome::agreement));
+  CHECK(what.find("step") != std::string::npos);
+  CHECK(b.untouched());
+}
+
+TEST_CASE(
+    "NCCL: a rank over max_count or absent makes the others time out, then a fresh one works") {
+  if (world_size() < 2) return;
+  for (int absent = 0; absent < 2; ++absent) {
+    lowbit::comm::nccl_comm c = fresh_comm();
+    all_reduce4 ar(c, 1024, quick(false));
+    const std::size_t n = last_rank() && !absent ? 2048 : 1000;
+    buffers b(n);
+    std::string what;
+    const auto t0 = std::chrono::steady_clock::now();
+    const outcome o = last_rank() && absent ? outcome::invalid  // it never calls
+                                            : run([&] { ar(b.in, b.out, n, g_stream); }, &what);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    const auto all = gather_outcomes(o);
+    for (int r = 0; r + 1 < world_size(); ++r) CHECK(all[r] == static_cast<int>(outcome::timeout));
+    CHECK(all.back() == static_cast<int>(outcome::invalid));
+    CHECK(took < 60s);  // bounded by the 3 s deadline, not forever
+    if (!last_rank()) {
+      INFO(what);
+      CHECK(what.find("count 1000") != std::string::npos);
+      CHECK(c.aborted());
+      // Later calls on that communicator fail at once.
+      CHECK(run([&] { ar(b.in, b.out, n, g_stream); }) == outcome::invalid);
+    }
+    // What the aborted communicator's kernels left on the stream is gone before the next
+    // case (an error here is the aborted work's, not the next case's).
+    cudaStreamSynchronize(g_stream);
+    cudaGetLastError();
+  }
+  lowbit::comm::nccl_comm fresh = fresh_comm();
+  all_reduce4 ar(fresh, 1024, quick(false));
+  buffers b(1000);
+  CHECK(run([&] { ar(b.in, b.out, 1000, g_stream); }) == outcome::ok);
+  CHECK_FALSE(b.untouched());
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    lowbit::comm::select_local_device(MPI_COMM_WORLD);
+    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    Catch::Session session;
+    rc = session.applyCommandLine(argc, argv);
+    if (rc == 0) rc = session.run();
+    cudaStreamDestroy(g_stream);
+  }
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
