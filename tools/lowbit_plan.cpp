@@ -63,13 +63,16 @@ options:
                         overlaps the stages of different chunks, MPI runs them in turn
   --comm-calibration FILE[:REGIME]
                         bucket all-reduce times measured on the cluster's own links:
-                        lowbit-perf --csv rows (coll all_reduce, feedback none) of the
+                        lowbit-perf --csv rows (coll all_reduce, --comm-feedback) of the
                         regime REGIME (needed when FILE holds several), interpolated in
                         log(bytes); coded widths from float rows' lowbit_us, 32 from
                         float rows' nccl_us, 16 from bfloat16 rows' nccl_us plus the
                         casts. A size outside the measured range, a width or a rank
                         count the table lacks, and hierarchical all-reduces stay with
                         the analytic model; the output counts them
+  --comm-feedback NAME  the rows of --comm-calibration measured with this feedback
+                        (lowbit-perf's --feedback: none (default), residual, ...): the
+                        one the trainer runs, whose state traffic the time includes
   --comm-table COUNT    print the communication model instead of planning: predicted
                         ms of one all-reduce of COUNT fp32 values per --comm-bits width
                         on each of --nodes (default 2,4,8,16) nodes of G ranks (the
@@ -103,7 +106,7 @@ struct options {
   comm_schedule schedule;
   comm_backend backend = comm_backend::nccl;
   bool given_schedule = false, given_backend = false;  // else the cluster's (JSON) apply
-  std::string csv, comm_calibration;
+  std::string csv, comm_calibration, comm_feedback = "none";
   double comm_table = 0;
   std::vector<int> nodes = {2, 4, 8, 16};
   bool all_ops = false, help = false;
@@ -171,6 +174,8 @@ options parse_args(int argc, char** argv) {
       o.given_backend = true;
     } else if (a == "--comm-calibration") {
       o.comm_calibration = value();
+    } else if (a == "--comm-feedback") {
+      o.comm_feedback = value();
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "--comm-table") {
@@ -237,9 +242,11 @@ cluster load_cluster(const options& o, const op_graph& g) {
 
 // --comm-calibration FILE[:REGIME]: the table, its regime after the last ':' unless what
 // follows holds a '/' (then the whole is a path).
-std::shared_ptr<const comm_calibration> load_calibration(const std::string& spec) {
+std::shared_ptr<const comm_calibration> load_calibration(const std::string& spec,
+                                                         const std::string& feedback) {
   const auto colon = spec.rfind(':');
   calibration_filter f;
+  f.feedback = feedback;
   std::string file = spec;
   if (colon != std::string::npos && spec.find('/', colon) == std::string::npos) {
     file = spec.substr(0, colon);
@@ -430,7 +437,8 @@ int run(const options& o) {
     hw.ranks_per_node = o.ranks_per_node;
     hw.inter_link = builtin_link(o.inter_link);
   }
-  if (!o.comm_calibration.empty()) hw.calibration = load_calibration(o.comm_calibration);
+  if (!o.comm_calibration.empty())
+    hw.calibration = load_calibration(o.comm_calibration, o.comm_feedback);
   const simulator sim(model, hw);
   const op_graph& g = sim.graph();
 
