@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -155,10 +156,12 @@ class op_graph {
         producers_[i].push_back(j);
         consumers_[j].push_back(i);
       }
-      for (const auto& in : ops_[i].via_code)
+      for (const auto& in : ops_[i].via_code) {
         LOWBIT_EXPECTS(
             std::find(ops_[i].inputs.begin(), ops_[i].inputs.end(), in) != ops_[i].inputs.end(),
             "op '" + ops_[i].name + "' lists '" + in + "' under via_code but not under inputs");
+        via_code_.insert({i, index.find(in)->second});
+      }
     }
     topo_sort_();
   }
@@ -173,10 +176,7 @@ class op_graph {
   const std::vector<std::size_t>& producers(std::size_t i) const { return producers_.at(i); }
   /// True when producer `j`'s output reaches consumer `i` through code between the ops
   /// (`j` is listed in op i's `via_code`).
-  bool via_code(std::size_t i, std::size_t j) const {
-    const auto& v = ops_.at(i).via_code;
-    return std::find(v.begin(), v.end(), ops_.at(j).name) != v.end();
-  }
+  bool via_code(std::size_t i, std::size_t j) const { return via_code_.count({i, j}) != 0; }
   /// Distinct consumers of op `i`.
   const std::vector<std::size_t>& consumers(std::size_t i) const { return consumers_.at(i); }
   /// Forward execution order (a topological order).
@@ -260,6 +260,9 @@ class op_graph {
 
   std::vector<op> ops_;
   std::vector<std::vector<std::size_t>> producers_, consumers_;
+  /// (consumer, producer) pairs of the edges through code between the ops, by index: the
+  /// simulator asks for every edge of every plan it prices.
+  std::set<std::pair<std::size_t, std::size_t>> via_code_;
   std::vector<std::size_t> order_, depth_;
 };
 
