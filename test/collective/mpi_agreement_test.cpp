@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "agreement_util.hpp"
 #include "lowbit/collective/mpi.hpp"
 #include "test_random.hpp"
 
@@ -22,54 +23,13 @@ using codec4 = lowbit::codec<lowbit::quant::absmax<4>, lowbit::round::stochastic
 template <int B>
 using codec_of = lowbit::codec<lowbit::quant::absmax<B>, lowbit::round::nearest>;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-bool last_rank() { return world_rank() == world_size() - 1; }
-
-/// What a call ended with on this rank.
-enum class outcome { ok = 0, agreement = 1, timeout = 2, invalid = 3, other = 4 };
-
-template <class F>
-outcome run(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-    return outcome::ok;
-  } catch (const lowbit::agreement_error& e) {
-    if (what) *what = e.what();
-    return outcome::agreement;
-  } catch (const lowbit::timeout_error& e) {
-    if (what) *what = e.what();
-    return outcome::timeout;
-  } catch (const lowbit::invalid_argument& e) {
-    if (what) *what = e.what();
-    return outcome::invalid;
-  } catch (const std::exception& e) {
-    if (what) *what = e.what();
-    return outcome::other;
-  }
-}
-
-/// Every rank's outcome, on every rank.
-std::vector<int> gather_outcomes(outcome o) {
-  std::vector<int> all(static_cast<std::size_t>(world_size()));
-  int mine = static_cast<int>(o);
-  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  return all;
-}
+using namespace lowbit::test;
 
 /// A fresh communicator for each case: a timeout marks the one it ran on unusable.
 mpi_comm fresh_comm() { return mpi_comm::duplicate(MPI_COMM_WORLD); }
 
-lowbit::collective_options quick(lowbit::all_reduce_algorithm a =
-                                     lowbit::all_reduce_algorithm::automatic) {
+lowbit::collective_options quick(
+    lowbit::all_reduce_algorithm a = lowbit::all_reduce_algorithm::automatic) {
   lowbit::collective_options o;
   o.timeout = 1500ms;
   o.algorithm = a;
@@ -95,7 +55,8 @@ std::vector<float> input(std::size_t n) {
 
 TEST_CASE("counts that differ within the same blocks: every rank raises, nothing is written") {
   if (world_size() < 2) return;
-  for (auto alg : {lowbit::all_reduce_algorithm::one_shot, lowbit::all_reduce_algorithm::two_phase}) {
+  for (auto alg :
+       {lowbit::all_reduce_algorithm::one_shot, lowbit::all_reduce_algorithm::two_phase}) {
     mpi_comm c = fresh_comm();
     lowbit::all_reduce<float, codec4, lowbit::feedback::none, lowbit::schedule::flat, mpi> ar(
         c, 4096, quick(alg));
@@ -194,8 +155,8 @@ TEST_CASE("another step, width or configuration is named on every rank") {
   SECTION("reduce op") {
     lowbit::collective_options o = quick();
     if (last_rank()) o.op = lowbit::reduce_op::avg;
-    lowbit::all_reduce<float, codec4, lowbit::feedback::none, lowbit::schedule::flat, mpi> ar(c, 1024,
-                                                                                              o);
+    lowbit::all_reduce<float, codec4, lowbit::feedback::none, lowbit::schedule::flat, mpi> ar(
+        c, 1024, o);
     const auto x = input(1024);
     std::vector<float> y(1024, sentinel);
     std::string what;

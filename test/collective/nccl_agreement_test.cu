@@ -19,6 +19,8 @@
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/comm/mpi_bootstrap.hpp"
 
+#include "agreement_util.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -28,48 +30,7 @@ using all_reduce4 =
 
 cudaStream_t g_stream = nullptr;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-bool last_rank() { return world_rank() == world_size() - 1; }
-
-/// What a call ended with on this rank.
-enum class outcome { ok = 0, agreement = 1, timeout = 2, invalid = 3, other = 4 };
-
-template <class F>
-outcome run(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-    return outcome::ok;
-  } catch (const lowbit::agreement_error& e) {
-    if (what) *what = e.what();
-    return outcome::agreement;
-  } catch (const lowbit::timeout_error& e) {
-    if (what) *what = e.what();
-    return outcome::timeout;
-  } catch (const lowbit::invalid_argument& e) {
-    if (what) *what = e.what();
-    return outcome::invalid;
-  } catch (const std::exception& e) {
-    if (what) *what = e.what();
-    return outcome::other;
-  }
-}
-
-/// Every rank's outcome, on every rank (over MPI: the NCCL communicator may be aborted).
-std::vector<int> gather_outcomes(outcome o) {
-  std::vector<int> all(static_cast<std::size_t>(world_size()));
-  int mine = static_cast<int>(o);
-  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  return all;
-}
+using namespace lowbit::test;
 
 /// A fresh communicator for each case: a timeout aborts the one it ran on.
 lowbit::comm::nccl_comm fresh_comm() { return lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD); }

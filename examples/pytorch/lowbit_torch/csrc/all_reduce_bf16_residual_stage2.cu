@@ -4,8 +4,6 @@
 
 namespace lowbit_torch {
 template std::unique_ptr<all_reduce_handle>
-make_all_reduce_as<__nv_bfloat16, lowbit::feedback::residual<float, true>>(const communicator&,
-                                                                     std::int64_t,
-                                                                     const codec_choice&,
-                                                                     const collective_config&);
+make_all_reduce_as<__nv_bfloat16, lowbit::feedback::residual<float, true>>(
+    const communicator&, std::int64_t, const codec_choice&, const collective_config&);
 }  // namespace lowbit_torch
