@@ -208,6 +208,69 @@ TEST_CASE("memory: an edge cast the consumer saves, where the profile shared its
   REQUIRE(memory_bytes(att_code, {P::fp32, P::fp16, P::fp16}, 0).cast_copies == 2000);  // per edge
 }
 
+TEST_CASE("memory: autocast's per-consumer input casts are one shared copy under the applier") {
+  // A layer norm feeding q, k and v (1000 outputs). In the uniform fp16 profile autocast
+  // ran the norm at fp32 and cast its output once per linear: each saved its own fp16
+  // copy (2000 bytes, all of its saved bytes).
+  using P = precision;
+  op ln;
+  ln.name = "ln";
+  ln.kind = op_kind::layer_norm;
+  ln.output_numel = 1000;
+  ln.saved_bytes[index_of(P::fp32)] = ln.saved_bytes[index_of(P::fp16)] = 4000;
+  std::vector<op> ops = {ln};
+  for (const char* n : {"q", "k", "v"}) {
+    op l = linear_op(n, {"ln"}, 10, 0, 1000);
+    l.saved_bytes[index_of(P::fp32)] = 0;  // the fp32 profile: the norm's output, saved by q
+    l.saved_bytes[index_of(P::fp16)] = 2000;
+    l.input_cast_bytes[index_of(P::fp16)] = 2000;
+    ops.push_back(l);
+  }
+  ops[1].saved_bytes[index_of(P::fp32)] = 4000;
+  const op_graph g(ops);
+  const double base = 4000 + 3 * 2000;
+  // Uniform fp16: the norm is at the ambient, its output stays fp32 and autocast casts it
+  // per consumer, as profiled.
+  REQUIRE(memory_bytes(g, {P::fp16, P::fp16, P::fp16, P::fp16}, 0, 0, P::fp16).activations == base);
+  // The norm at fp32 off the ambient fp16: the applier casts its output once and q, k and
+  // v share it: two copies fewer.
+  const auto shared = memory_bytes(g, {P::fp32, P::fp16, P::fp16, P::fp16}, 0, 0, P::fp16);
+  REQUIRE(shared.activations == base - 2 * 2000);
+  REQUIRE(shared_input_casts(g, {P::fp32, P::fp16, P::fp16, P::fp16}, P::fp16) == 4000);
+  // v at bf16 (off the ambient, fed the norm's own output, cast by itself): q and k share.
+  REQUIRE(shared_input_casts(g, {P::fp32, P::fp16, P::fp16, P::bf16}, P::fp16) == 2000);
+  // Without the applier's rule (per-edge casts, the built-in models) nothing changes.
+  REQUIRE(memory_bytes(g, {P::fp32, P::fp16, P::fp16, P::fp16}, 0).activations == base);
+  // Through code between the ops the consumer saves what that code made: no sharing.
+  for (std::size_t i = 1; i < 4; ++i) ops[i].via_code = {"ln"};
+  REQUIRE(shared_input_casts(op_graph(ops), {P::fp32, P::fp16, P::fp16, P::fp16}, P::fp16) == 0);
+}
+
+TEST_CASE("memory: what code between the ops saved is taken at the ambient precision") {
+  // v's recording holds attention's core saved after it: 6000 bytes at fp32 (of 10000),
+  // 3000 at fp16 (of 5000).
+  using P = precision;
+  op v = linear_op("v", {}, 10, 0, 1000);
+  v.saved_bytes[index_of(P::fp32)] = 10000;
+  v.saved_bytes[index_of(P::fp16)] = 5000;
+  v.code_saved_bytes[index_of(P::fp32)] = 6000;
+  v.code_saved_bytes[index_of(P::fp16)] = 3000;
+  op o = linear_op("o", {"v"}, 10, 0, 1000);
+  o.saved_bytes[index_of(P::fp32)] = o.saved_bytes[index_of(P::fp16)] = 0;
+  o.via_code = {"v"};
+  const op_graph g({v, o});
+  // v at fp32 with the step at fp16: v's own 4000 bytes, attention's 3000 at fp16.
+  REQUIRE(memory_bytes(g, {P::fp32, P::fp16}, 0, 0, P::fp16).activations == 4000 + 3000);
+  // v at fp16 with the step at fp32: 2000 and 6000.
+  REQUIRE(memory_bytes(g, {P::fp16, P::fp32}, 0, 0, P::fp32).activations == 2000 + 6000);
+  // At the ambient, or without the applier's rule: as recorded.
+  REQUIRE(memory_bytes(g, {P::fp16, P::fp16}, 0, 0, P::fp16).activations == 5000);
+  REQUIRE(memory_bytes(g, {P::fp32, P::fp16}, 0).activations == 10000);
+  // No code saved at fp16 (absent): the fp32 part is dropped, nothing added.
+  v.code_saved_bytes[index_of(P::fp16)] = -1;
+  REQUIRE(memory_bytes(op_graph({v, o}), {P::fp32, P::fp16}, 0, 0, P::fp16).activations == 4000);
+}
+
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   op ln;
   ln.name = "ln";

@@ -87,13 +87,26 @@ def _flops(module: torch.nn.Module, inputs, outputs) -> float:
 
 def _is_weight_copy(t: torch.Tensor, params: set) -> bool:
     """True for autocast's cast of a parameter (a to-copy whose only input is the
-    parameter's gradient accumulator): lowbit counts those copies itself."""
-    fn = t.grad_fn
+    parameter's gradient accumulator), or a view of one (a linear saves its weight
+    transposed): lowbit counts those copies itself."""
+    fn = (t._base if t._base is not None else t).grad_fn
     if fn is None or "ToCopy" not in type(fn).__name__:
         return False
     nxt = [f for f, _ in fn.next_functions if f is not None]
     var = getattr(nxt[0], "variable", None) if len(nxt) == 1 else None
     return var is not None and var.untyped_storage().data_ptr() in params
+
+
+def _is_input_cast(t: torch.Tensor, params: set, dtype) -> bool:
+    """True for a cast of an activation to `dtype` made inside an op (autocast casts an
+    input that arrives at another width, once per consumer: it caches only parameters'
+    casts), or a view of one (a linear on a 3-d input saves it flattened)."""
+    fn = (t._base if t._base is not None else t).grad_fn
+    if fn is None or "ToCopy" not in type(fn).__name__ or t.dtype != dtype:
+        return False
+    nxt = [f for f, _ in fn.next_functions if f is not None]
+    var = getattr(nxt[0], "variable", None) if len(nxt) == 1 else None
+    return var is None or var.untyped_storage().data_ptr() not in params
 
 
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
@@ -102,7 +115,10 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     calls backward, and returns one record per op (see qsync_model.model_json). Saved
     bytes count each storage once, skip parameters and autocast's copies of the
     module's own weights (lowbit-plan adds those itself), and charge tensors saved by
-    code between modules to the op that ran last. ``with_stats`` adds the indicator's
+    code between modules to the op that ran last (also as its ``code_saved_bytes``);
+    ``input_cast_bytes`` is the part of an op's saved bytes at 16 bits that are its own
+    casts of activations to that width (autocast's, one per consumer of an fp32
+    output). ``with_stats`` adds the indicator's
     statistics (norms and absmax of weights, inputs and gradients)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     records: Dict[str, dict] = {}
@@ -144,7 +160,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 "module_class": type(m).__name__, "kind": kind_of(type(m).__name__),
                 "param_numel": float(sum(p.numel() for p in own)) if first_call else 0.0,
                 "inputs": inputs, "via_code": via_code, "order": order[0],
-                "saved_bytes": {precision: 0.0},
+                "saved_bytes": {precision: 0.0}, "input_cast_bytes": {precision: 0.0},
+                "code_saved_bytes": {precision: 0.0},
                 "input_numel": float(_numel(ins)),
             }
             order[0] += 1
@@ -197,6 +214,10 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         if key not in seen_storage:
             seen_storage.add(key)
             records[op]["saved_bytes"][precision] += float(size)
+            if current[0] is None:  # code between modules, after op
+                records[op]["code_saved_bytes"][precision] += float(size)
+            elif precision != "fp32" and _is_input_cast(t, params, DTYPES[precision]):
+                records[op]["input_cast_bytes"][precision] += float(size)
         return t
 
     for name, m in leaf_modules(model):
@@ -230,6 +251,8 @@ def merge_saved_bytes(base: Dict[str, dict], other: Dict[str, dict]) -> None:
     for op, r in other.items():
         if op in base:
             base[op]["saved_bytes"].update(r.get("saved_bytes", {}))
+            for k in ("input_cast_bytes", "code_saved_bytes"):
+                base[op].setdefault(k, {}).update(r.get(k, {}))
 
 
 class instrument:

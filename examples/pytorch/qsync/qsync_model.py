@@ -98,8 +98,8 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
                first_bucket_mb: float = 1.0) -> dict:
     """The model JSON lowbit-plan reads, from per-op records (what export.py collects:
     ``{op_name: {"kind" or "module_class", "flops", "bytes", "output_numel",
-    "saved_bytes": {precision: bytes}, "param_numel", "inputs", "via_code", "stats",
-    "order"}}``; "via_code" lists the inputs that reach the op through code between the
+    "saved_bytes": {precision: bytes}, "input_cast_bytes": {precision: bytes},
+    "code_saved_bytes": {precision: bytes}, "param_numel", "inputs", "via_code", "stats", "order"}}``; "via_code" lists the inputs that reach the op through code between the
     ops rather than as the producer's own output).
 
     Ops are in the records' forward order. With a trace (a profile of the same
@@ -139,6 +139,11 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
         }
         if saved:
             o["saved_bytes"] = saved
+        for key in ("input_cast_bytes", "code_saved_bytes"):
+            part = {p: float(b) for p, b in (r.get(key) or {}).items()
+                    if p in PRECISIONS and b > 0}
+            if part:
+                o[key] = part
         stats = {k: float(v) for k, v in (r.get("stats") or {}).items() if v is not None}
         if stats:
             o["stats"] = stats

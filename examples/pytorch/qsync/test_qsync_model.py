@@ -50,9 +50,11 @@ RECORDS = {
     "conv": {"module_class": "Conv2d", "param_numel": 1728, "output_numel": 4096,
              "flops": 2e6, "bytes": 3e4, "inputs": [], "order": 0,
              "saved_bytes": {"fp32": 12288, "bf16": 6144},
+             "input_cast_bytes": {"fp32": 0.0, "bf16": 6144},
              "stats": {"weight_norm": 1.0, "input_numel": 3072, "grad_output_absmax": None}},
     "relu": {"module_class": "ReLU", "param_numel": 0, "output_numel": 4096,
-             "inputs": ["conv", "conv"], "order": 1, "saved_bytes": {"fp32": 16384}},
+             "inputs": ["conv", "conv"], "order": 1, "saved_bytes": {"fp32": 16384},
+             "code_saved_bytes": {"fp32": 4096}},
     "relu#2": {"module_class": "ReLU", "param_numel": 0, "output_numel": 4096,
                "inputs": ["relu", "nowhere"], "via_code": ["relu", "nowhere"], "order": 2,
                "saved_bytes": {"fp32": 0}},
@@ -86,6 +88,10 @@ class ModelJson(unittest.TestCase):
         self.assertEqual(conv["saved_numel"], 3072)
         self.assertEqual(conv["saved_bytes"], {"fp32": 12288.0, "bf16": 6144.0})
         self.assertEqual(conv["stats"], {"weight_norm": 1.0, "input_numel": 3072.0})
+        self.assertEqual(conv["input_cast_bytes"], {"bf16": 6144.0})  # zeros left out
+        self.assertNotIn("input_cast_bytes", relu)
+        self.assertEqual(relu["code_saved_bytes"], {"fp32": 4096.0})
+        self.assertNotIn("code_saved_bytes", conv)
         self.assertEqual(relu["inputs"], ["conv"])  # deduplicated
         self.assertEqual(relu2["inputs"], ["relu"])  # unknown producers dropped
         self.assertNotIn("via_code", relu)  # only the producer's own output

@@ -234,6 +234,35 @@ inline double cast_saves_copy(const op& o, precision p, double saved, double inp
   return saves_input(o.kind) && saved < bytes ? bytes : 0.0;
 }
 
+/// Bytes the measured saved activations over-count under lowbit's plan applier with
+/// ambient precision `ambient`. Autocast casts an activation that arrives at another
+/// width once per consumer, so a uniform 16-bit profile records a copy for each
+/// consumer of, say, a layer norm's fp32 output (q, k and v: three; op::input_cast_bytes).
+/// The applier hands the ops at the ambient precision one copy, cast to the ambient, of
+/// the output of a producer that runs at another precision: the ops at the ambient that
+/// it feeds directly (not through code between the ops) share that copy, which counts
+/// once, the largest of their recorded casts. A producer at the ambient (the uniform
+/// plan: the norm's autocast output stays fp32) keeps autocast's copy per consumer.
+inline double shared_input_casts(const op_graph& g, const std::vector<precision>& per_op,
+                                 precision ambient) {
+  std::vector<double> sum(g.size(), 0.0), largest(g.size(), 0.0);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const op& o = g.at(i);
+    const precision p = clamp_precision(o.kind, per_op[i]);
+    const double c = o.input_cast_bytes[index_of(p)];
+    if (p != ambient || !(c > 0)) continue;
+    for (std::size_t j : g.producers(i)) {
+      if (g.via_code(i, j) || clamp_precision(g.at(j).kind, per_op[j]) == ambient) continue;
+      sum[j] += c;
+      largest[j] = std::max(largest[j], c);
+      break;
+    }
+  }
+  double over = 0.0;
+  for (std::size_t j = 0; j < g.size(); ++j) over += sum[j] - largest[j];
+  return over;
+}
+
 /// Memory of one iteration with op `i` at `per_op[i]`: weights and gradients in fp32,
 /// optimizer state, and each op's saved activations: the size measured at its
 /// precision when the model has one, else its storage width (bits/32 of the fp32 size,
@@ -247,7 +276,10 @@ inline double cast_saves_copy(const op& o, precision p, double saved, double inp
 /// freed before i), at least 0. With `ambient` (the cast_rule::ambient of lowbit's plan
 /// applier) an input through code between the ops (op::via_code) arrives at the ambient
 /// precision, whatever its producer ran at: it is a copy only where the op runs at
-/// another width than the ambient one.
+/// another width than the ambient one; what that code saved after an op
+/// (op::code_saved_bytes) is taken at the ambient precision; and autocast's per-consumer
+/// casts of an input, which the applier makes one shared copy, count once
+/// (shared_input_casts).
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0,
                                      std::optional<precision> ambient = std::nullopt) {
@@ -264,7 +296,13 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     const precision p = clamp_precision(o.kind, per_op[*it]);
     const double width = storage_bits(p) / 8.0;
     const double measured = o.saved_bytes[index_of(p)];
-    const double saved = measured >= 0 ? measured : o.saved_numel * width;
+    double saved = measured >= 0 ? measured : o.saved_numel * width;
+    if (ambient && measured >= 0 && o.saved_bytes[index_of(*ambient)] >= 0) {
+      // What code between the ops saved after this op: at the ambient precision it runs
+      // at under the applier, from the ambient profile.
+      const auto code = [&](precision q) { return std::max(0.0, o.code_saved_bytes[index_of(q)]); };
+      saved += code(*ambient) - code(p);
+    }
     const double copy = storage_bits(p) < 32 && copies_weights(o.kind) ? o.param_numel * width : 0;
     // One saved input per op (a matmul's two are both activations): the largest input
     // that arrives at another width, so that producers seen through the code between
@@ -289,6 +327,7 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     freed += saved + copy + casts;
   }
   m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;
+  if (ambient) m.activations -= shared_input_casts(g, per_op, *ambient);
   return m;
 }
 

@@ -117,6 +117,17 @@ struct op {
   /// rule cannot: under autocast some ops keep fp32 outputs or statistics, and views
   /// share storage. The memory model prefers them to `saved_numel * bits / 8`.
   std::array<double, precision_count> saved_bytes = detail::unmeasured();
+  /// The part of `saved_bytes` that is the op's own cast of an input activation to its
+  /// width (autocast casts an input that arrives at another width once per consumer: it
+  /// caches only the casts of parameters), negative where not measured. The memory
+  /// model counts such copies once per producer where lowbit's plan applier hands the
+  /// consumers one shared copy (memory_bytes).
+  std::array<double, precision_count> input_cast_bytes = detail::unmeasured();
+  /// The part of `saved_bytes` that code between the ops saved after this op ran (a
+  /// recording charges it to the op that ran last: attention's core after v), negative
+  /// or absent where none. lowbit's plan applier runs that code at the ambient
+  /// precision, so the memory model takes this part from the ambient profile.
+  std::array<double, precision_count> code_saved_bytes = detail::unmeasured();
 
   /// True when the op owns parameters (so it has a gradient to all-reduce, and it is a
   /// decision of the allocator; parameter-free ops follow their first input).

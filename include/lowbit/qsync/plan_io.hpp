@@ -92,6 +92,12 @@ inline training_model model_from_json(const nlohmann::json& j) {
       if (x.contains("saved_bytes"))
         for (const auto& [pn, v] : x["saved_bytes"].items())
           o.saved_bytes[index_of(parse_precision(pn))] = v.get<double>();
+      if (x.contains("input_cast_bytes"))
+        for (const auto& [pn, v] : x["input_cast_bytes"].items())
+          o.input_cast_bytes[index_of(parse_precision(pn))] = v.get<double>();
+      if (x.contains("code_saved_bytes"))
+        for (const auto& [pn, v] : x["code_saved_bytes"].items())
+          o.code_saved_bytes[index_of(parse_precision(pn))] = v.get<double>();
       if (x.contains("stats")) {
         const auto& s = x["stats"];
         o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);
