@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <string>
 
 #include "lowbit/collective/detail/backend_concept.hpp"
 #include "lowbit/collective/mpi.hpp"
@@ -50,6 +51,8 @@ TEST_CASE("the MPI backend models the backend concept") {
   STATIC_REQUIRE(concept_ops::has<mpi_backend, concept_ops::set_check_stream_t>);
   STATIC_REQUIRE(concept_ops::has<mpi_backend, concept_ops::copy_t>);
   STATIC_REQUIRE(concept_ops::has<mpi_backend, concept_ops::header_bytes_t>);
+  STATIC_REQUIRE(concept_ops::has<mpi_backend, concept_ops::host_frames_t>);
+  STATIC_REQUIRE(concept_ops::returns<mpi_backend, concept_ops::disagreement_t, std::string>);
   // No plain collectives, and none required.
   STATIC_REQUIRE_FALSE(mpi_backend::has_plain);
   STATIC_REQUIRE_FALSE(concept_ops::has<mpi_backend, concept_ops::plain_all_reduce_t>);

@@ -1,11 +1,12 @@
 // Ranks that disagree on the NCCL backend (2+ GPUs, one MPI rank each): every rank ends
 // with a clear error within the deadline, nothing is written to an output, nothing hangs.
 //
-// Device frames carry no header, so a disagreement that keeps every frame's size (counts
-// within the same blocks, another step) is caught only in checked mode
-// (collective_options::verify), which these cases turn on; a rank that throws before
-// it sends, or never calls, makes the others time out at sync()'s deadline in either
-// mode, and the communicator is aborted.
+// Every frame carries a header that the kernels consuming it check: a disagreement that
+// keeps every frame's size (counts within the same blocks, another step) is raised at
+// sync() on every rank, with nothing written, and retires the object; checked mode
+// (collective_options::verify) raises before a frame moves. A rank that throws before it
+// sends, or never calls, makes the others time out at sync()'s deadline in either mode,
+// and the communicator is aborted.
 #define CATCH_CONFIG_RUNNER
 #include <mpi.h>
 #include <catch2/catch.hpp>
@@ -104,6 +105,56 @@ TEST_CASE("checked mode on NCCL: another step is named on every rank") {
   std::string what;
   const outcome o = run([&] { ar(b.in, b.out, 512, g_stream); }, &what);
   for (int v : gather_outcomes(o)) CHECK(v == static_cast<int>(outcome::agreement));
+  CHECK(what.find("step") != std::string::npos);
+  CHECK(b.untouched());
+}
+
+TEST_CASE("frame headers on NCCL: a disagreement that keeps every frame's size raises on "
+          "every rank, nothing is written, the communicator stays usable") {
+  if (world_size() < 2) return;
+  using lowbit::all_reduce_algorithm;
+  for (all_reduce_algorithm algo : {all_reduce_algorithm::one_shot, all_reduce_algorithm::two_phase})
+    for (const char* differs : {"count", "step"}) {
+      INFO(lowbit::to_string(algo) << ", another " << differs);
+      lowbit::comm::nccl_comm c = fresh_comm();
+      lowbit::collective_options o = quick(false);
+      o.algorithm = algo;
+      all_reduce4 ar(c, 4096, o);
+      const bool count_differs = std::string(differs) == "count";
+      if (!count_differs && last_rank()) ar.set_step(7);
+      const std::size_t n = count_differs && last_rank() ? 1020 : 1000;  // the same blocks
+      buffers b(n);
+      std::string what;
+      const outcome got = run([&] { ar(b.in, b.out, n, g_stream); }, &what);
+      INFO(what);
+      for (int v : gather_outcomes(got)) CHECK(v == static_cast<int>(outcome::agreement));
+      CHECK(what.find(differs) != std::string::npos);
+      CHECK(b.untouched());
+      // The object is retired; the communicator is not.
+      CHECK(run([&] { ar(b.in, b.out, n, g_stream); }) == outcome::invalid);
+      all_reduce4 again(c, 4096, o);
+      buffers b2(1000);
+      CHECK(run([&] { again(b2.in, b2.out, 1000, g_stream); }) == outcome::ok);
+      CHECK_FALSE(b2.untouched());
+    }
+}
+
+TEST_CASE("frame headers on NCCL: reduce_scatter and all_gather raise alike") {
+  if (world_size() < 2) return;
+  using rs4 = lowbit::reduce_scatter<float, codec4, lowbit::feedback::none, lowbit::schedule::flat>;
+  using ag4 = lowbit::all_gather<float, codec4, lowbit::schedule::flat>;
+  lowbit::comm::nccl_comm c = fresh_comm();
+  rs4 rs(c, 4096, quick(false));
+  ag4 ag(c, 4096, quick(false));
+  if (last_rank()) {
+    rs.set_step(3);
+    ag.set_step(3);
+  }
+  buffers b(1000);
+  std::string what;
+  CHECK(run([&] { rs(b.in, b.out, 1000, g_stream); }, &what) == outcome::agreement);
+  CHECK(what.find("step") != std::string::npos);
+  CHECK(run([&] { ag(b.in, b.out, 1000, g_stream); }, &what) == outcome::agreement);
   CHECK(what.find("step") != std::string::npos);
   CHECK(b.untouched());
 }

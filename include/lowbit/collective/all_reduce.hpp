@@ -23,11 +23,12 @@ namespace lowbit {
 /// gradient bucket: the state belongs to the tensor); calls allocate nothing and, on
 /// NCCL, never synchronise the host, so a call can be captured in a CUDA graph. Calls on
 /// one object must be ordered (one stream, or synchronised): they share the workspace.
-/// Every rank must call with the same count, in the same order: on the MPI backend every
-/// frame's header is checked (lowbit::agreement_error on every rank, nothing written) and
-/// every wait has a deadline (lowbit::timeout_error); on NCCL checked mode
-/// (collective_options::verify) and sync()'s deadline do (docs/design.md, "Ranks that
-/// disagree"). The communicator wrapper is borrowed: the
+/// Every rank must call with the same count, in the same order: every frame carries a
+/// header that its receiver checks before it writes anything (lowbit::agreement_error on
+/// every rank, nothing written; on NCCL the kernels check it, and the error is raised by
+/// sync() or the next call), every wait has a deadline (lowbit::timeout_error), and checked
+/// mode (collective_options::verify) compares every rank's call before a frame moves
+/// (docs/design.md, "Ranks that disagree"). The communicator wrapper is borrowed: the
 /// communicator must outlive the collective; a temporary is refused at compile time.
 /// Move-only.
 ///

@@ -165,7 +165,7 @@ class hierarchical_base {
                    std::string(who_) + ": stage 2's count " + std::to_string(rail) +
                        " exceeds its max_count " + std::to_string(inter_.max_count()) +
                        " (a lowbit bug)");
-    if (impl::header_bytes > 0 || opts_.verify) {
+    if (impl::host_frames || opts_.verify) {
       const std::uint32_t cfg = config_id<T, InterCodec, IntraCodec, Schedule, Inter>(
           fnv1a(who_) ^ (static_cast<std::uint32_t>(opts_.op) << 1));
       guarded([&] { intra_.agree(cfg, count, step_, seq_, InterCodec::bits, stream); },

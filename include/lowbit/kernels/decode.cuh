@@ -11,6 +11,7 @@
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/kernels/detail/frame_io.cuh"
+#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/tile_lanes.cuh"
@@ -68,7 +69,8 @@ inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 1;
 template <class Codec, class T>
 __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<T>)
     decode_kernel(const std::byte* __restrict__ frame, std::size_t frame_stride, int num_frames,
-                  bool sum, std::size_t count, T* __restrict__ out, float scale, bool out_vector) {
+                  bool sum, std::size_t count, T* __restrict__ out, float scale, bool out_vector,
+                  header_check check) {
   using layout = lane_layout<1>;  // decoding needs no block reduction: a lane per group
   using tile_t = warp_tile<T, layout>;
   __shared__ __align__(16) unsigned char smem[launch_policy::max_threads / 32]
@@ -81,6 +83,14 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   const std::size_t groups = (count + 31) / 32;
   const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
   const std::size_t codes_offset = Codec::codes_offset(count);
+  if (check.count > 0) {  // a stranger's frame: write nothing
+    const std::size_t g = w.first_tile * 32 + static_cast<std::size_t>(lane);
+    if (g < groups)
+      for (int p = 0; p < (sum ? num_frames : 1); ++p)
+        prefetch_l2(frame + static_cast<std::size_t>(p) * frame_stride + codes_offset +
+                    g * Codec::group_bytes);
+    if (!frames_agree(check)) return;
+  }
 
   for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, groups);
@@ -135,27 +145,30 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
 
 /// Decodes a frame of `count` values (device memory, 16-byte aligned) into out (device
 /// memory), each multiplied by `scale` unless it is 1: the device twin of
-/// lowbit::host::decode, with the same bits. count 0 launches nothing.
+/// lowbit::host::decode, with the same bits. count 0 launches nothing. With a `check`
+/// (frame_check.cuh), nothing is written unless every header it names agrees.
 template <class Codec, class T>
 void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream,
-            const launch_policy& policy) {
+            const launch_policy& policy, const header_check& check = {}) {
   static_assert(is_codec_v<Codec>, "lowbit::kernels::decode: Codec must be a lowbit::codec<...>");
   static_assert(is_element_type_v<T>,
                 "lowbit::kernels::decode: the element type must be float, __half or __nv_bfloat16");
   LOWBIT_EXPECTS(count == 0 || out != nullptr, "kernels::decode: out is null but count is nonzero");
   detail::check_frame_pointer(frame, count, "kernels::decode");
+  detail::check_framing({check, {}}, "kernels::decode");
   if (count == 0) return;
   const std::size_t tiles = (count + 1023) / 1024;
   detail::decode_kernel<Codec, T>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          frame, 0, 1, false, count, out, scale, detail::aligned16(out));
+          frame, 0, 1, false, count, out, scale, detail::aligned16(out), check);
   LOWBIT_CHECK_LAUNCH();
 }
 
 /// decode with the launch policy of the current device.
 template <class Codec, class T>
-void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream) {
-  decode<Codec, T>(frame, count, out, scale, stream, detail::default_policy(pass::decode));
+void decode(const std::byte* frame, std::size_t count, T* out, float scale, cudaStream_t stream,
+            const header_check& check = {}) {
+  decode<Codec, T>(frame, count, out, scale, stream, detail::default_policy(pass::decode), check);
 }
 
 }  // namespace lowbit::kernels

@@ -10,6 +10,7 @@
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/feedback/refs.hpp"
+#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/detail/group_encoder.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
                                   encode_traits<Codec, T, Feedback>::min_blocks)
     encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
                   rng_key key, std::uint64_t index0, Feedback fb, bool x_vector,
-                  bool state_vector) {
+                  bool state_vector, header_stamp stamp) {
   using traits = encode_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
   unsigned char* s = smem[w.warp];
   if (blockIdx.x == 0 && threadIdx.x == 0)
     zero_meta_padding<typename Codec::meta_type>(frame, w.blocks, w.codes_offset);
+  write_stamp(stamp, false);
 
   for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, w.blocks);
@@ -190,11 +192,13 @@ void check_codec_types() {
 /// `index0` is the tensor index of x[0] (a multiple of 32; it keys stochastic rounding).
 /// `fb` is a feedback ref indexed from x[0] whose state lives in device memory; a block
 /// holding inf/nan leaves it untouched and decodes to nan. No allocation and no host
-/// synchronisation; count 0 launches nothing. Throws lowbit::invalid_argument before
-/// launching when an argument is wrong.
+/// synchronisation; count 0 launches nothing but the stamp. `stamp`, when its `at` is not
+/// null, is written there (the frame's header, frame_check.cuh) by the same kernel. Throws
+/// lowbit::invalid_argument before launching when an argument is wrong.
 template <class Codec, class T, class Feedback = feedback::none_ref>
 void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
-            std::uint64_t index0, Feedback fb, cudaStream_t stream, const launch_policy& policy) {
+            std::uint64_t index0, Feedback fb, cudaStream_t stream, const launch_policy& policy,
+            const header_stamp& stamp = {}) {
   detail::check_codec_types<Codec, T, Feedback>();
   LOWBIT_EXPECTS(count == 0 || x != nullptr, "kernels::encode: x is null but count is nonzero");
   detail::check_frame_pointer(frame, count, "kernels::encode");
@@ -206,21 +210,23 @@ void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
                    "kernels::encode: the feedback state is null but count is nonzero");
     state_vector = detail::aligned16(staged::state(fb));
   }
-  if (count == 0) return;
+  if (count == 0) return stamp_header({{}, stamp}, stream);
+  detail::check_framing({{}, stamp}, "kernels::encode");
   using layout = typename detail::encode_traits<Codec, T, Feedback>::layout;
   const std::size_t tiles = detail::tile_count<layout>(Codec::num_blocks(count));
   detail::encode_kernel<Codec, T, Feedback>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          x, count, frame, key, index0, fb, detail::aligned16(x), state_vector);
+          x, count, frame, key, index0, fb, detail::aligned16(x), state_vector, stamp);
   LOWBIT_CHECK_LAUNCH();
 }
 
 /// encode with the launch policy of the current device.
 template <class Codec, class T, class Feedback = feedback::none_ref>
 void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
-            std::uint64_t index0, Feedback fb, cudaStream_t stream) {
+            std::uint64_t index0, Feedback fb, cudaStream_t stream,
+            const header_stamp& stamp = {}) {
   encode<Codec, T, Feedback>(x, count, frame, key, index0, fb, stream,
-                             detail::default_policy(pass::encode));
+                             detail::default_policy(pass::encode), stamp);
 }
 
 }  // namespace lowbit::kernels

@@ -24,6 +24,7 @@
 #include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
 #include "lowbit/kernels/encode.cuh"
+#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
 
 namespace lowbit::kernels {
@@ -34,7 +35,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
-                  float reduced_scale, bool requantized_out, bool out_vector, bool state_vector) {
+                  float reduced_scale, bool requantized_out, bool out_vector, bool state_vector,
+                  framing fr) {
   using traits = coding_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
@@ -46,6 +48,17 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
   const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
+  // Before anything is written: frames that disagree yield a poisoned header and no data.
+  if (fr.check.count > 0 && w.first_tile < w.tiles) {
+    const tile_lanes<layout> t0(w.first_tile, lane, count, w.blocks);
+    if (t0.live)
+      for (int p = 0; p < num_frames; ++p)
+        prefetch_l2(frames + static_cast<std::size_t>(p) * frame_stride + w.codes_offset +
+                    t0.group * Codec::group_bytes);
+  }
+  const bool agree = frames_agree(fr.check);
+  write_stamp(fr.stamp, !agree);
+  if (!agree) return;
   if (out_frame != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
     zero_meta_padding<meta_type>(out_frame, w.blocks, w.codes_offset);
 
@@ -112,7 +125,7 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
                    std::size_t count, std::byte* out_frame, const rng_key& key,
                    std::uint64_t index0, Feedback fb, T* reduced_out, float reduced_scale,
                    bool requantized_out, cudaStream_t stream, const launch_policy& policy,
-                   const char* what) {
+                   const char* what, const framing& fr) {
   check_codec_types<Codec, T, Feedback>();
   const std::string w(what);
   LOWBIT_EXPECTS(num_frames >= 1, w + ": num_frames must be >= 1");
@@ -132,13 +145,14 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
                    w + ": the feedback state is null but count is nonzero");
     state_vector = aligned16(staged::state(fb));
   }
-  if (count == 0) return;
+  check_framing(fr, what);
+  if (count == 0) return stamp_header(fr, stream);
   using layout = typename coding_traits<Codec, T, Feedback>::layout;
   const std::size_t tiles = tile_count<layout>(Codec::num_blocks(count));
   reduce_kernel<Codec, T, Feedback>
       <<<grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
           frames, frame_stride, num_frames, count, out_frame, key, index0, fb, reduced_out,
-          reduced_scale, requantized_out, aligned16(reduced_out), state_vector);
+          reduced_scale, requantized_out, aligned16(reduced_out), state_vector, fr);
   LOWBIT_CHECK_LAUNCH();
 }
 
@@ -150,16 +164,18 @@ void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_fr
 /// none): the device twin of lowbit::host::decode_accumulate_encode, with the same bytes.
 /// `reduced_out`, when not null, receives the fp32 sum (what the host leaves in `acc`)
 /// converted to T, multiplied by `reduced_scale` unless it is 1. `out_frame` may be null
-/// when only the sum is wanted (reduce_scatter). No allocation, no host sync.
+/// when only the sum is wanted (reduce_scatter). No allocation, no host sync. `fr`
+/// (frame_check.cuh): the input headers to check before anything is written, and the
+/// output frame's header, written poisoned (and no data) when a checked header disagrees.
 template <class Codec, class Feedback = feedback::none_ref, class T = float>
 void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
                               std::size_t count, std::byte* out_frame, const rng_key& key,
                               std::uint64_t index0, Feedback fb, T* reduced_out,
                               float reduced_scale, cudaStream_t stream,
-                              const launch_policy& policy) {
+                              const launch_policy& policy, const framing& fr = {}) {
   detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
                                reduced_out, reduced_scale, false, stream, policy,
-                               "kernels::decode_accumulate_encode");
+                               "kernels::decode_accumulate_encode", fr);
 }
 
 /// decode_accumulate_encode that also writes `decoded_out[i] = T(scale * v)`, v the value
@@ -170,10 +186,12 @@ template <class Codec, class Feedback = feedback::none_ref, class T = float>
 void decode_accumulate_encode_decode(const std::byte* frames, std::size_t frame_stride,
                                      int num_frames, std::size_t count, std::byte* out_frame,
                                      const rng_key& key, std::uint64_t index0, Feedback fb,
-                                     T* decoded_out, float scale, cudaStream_t stream) {
-  detail::launch_reduce<Codec>(
-      frames, frame_stride, num_frames, count, out_frame, key, index0, fb, decoded_out, scale, true,
-      stream, detail::default_policy(pass::reduce), "kernels::decode_accumulate_encode_decode");
+                                     T* decoded_out, float scale, cudaStream_t stream,
+                                     const framing& fr = {}) {
+  detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0,
+                               fb, decoded_out, scale, true, stream,
+                               detail::default_policy(pass::reduce),
+                               "kernels::decode_accumulate_encode_decode", fr);
 }
 
 /// decode_accumulate_encode with the sum written unscaled (when reduced_out is not null)
@@ -193,17 +211,19 @@ template <class Codec, class Feedback = feedback::none_ref>
 void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
                               std::size_t count, std::byte* out_frame, const rng_key& key,
                               std::uint64_t index0, Feedback fb, std::nullptr_t,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const framing& fr = {}) {
   decode_accumulate_encode<Codec, Feedback, float>(
       frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
-      static_cast<float*>(nullptr), 1.0f, stream, detail::default_policy(pass::reduce));
+      static_cast<float*>(nullptr), 1.0f, stream, detail::default_policy(pass::reduce), fr);
 }
 
 /// The reduce_scatter half: out[i] = T(scale * sum over p of frame p's value i), the sum
-/// in fp32 in frame order from 0.0f (scale skipped when 1). No frame is written.
+/// in fp32 in frame order from 0.0f (scale skipped when 1). No frame is written. With a
+/// `check` (frame_check.cuh), nothing is written unless every header it names agrees.
 template <class Codec, class T>
 void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int num_frames,
-                       std::size_t count, T* out, float scale, cudaStream_t stream) {
+                       std::size_t count, T* out, float scale, cudaStream_t stream,
+                       const header_check& check = {}) {
   static_assert(is_codec_v<Codec>,
                 "lowbit::kernels::decode_accumulate: Codec must be a lowbit::codec<...>");
   static_assert(is_element_type_v<T>,
@@ -217,6 +237,7 @@ void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int nu
                  "kernels::decode_accumulate: frame_stride must hold a frame and be a multiple "
                  "of 16");
   detail::check_frame_pointer(frames, count, what);
+  detail::check_framing({check, {}}, what);
   if (count == 0) return;
   // The decode kernel's layout (a lane per group, no block reduction): the sum needs no
   // statistics, and this pass runs near the decode's bandwidth.
@@ -224,7 +245,7 @@ void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int nu
   const std::size_t tiles = (count + 1023) / 1024;
   detail::decode_kernel<Codec, T>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          frames, frame_stride, num_frames, true, count, out, scale, detail::aligned16(out));
+          frames, frame_stride, num_frames, true, count, out, scale, detail::aligned16(out), check);
   LOWBIT_CHECK_LAUNCH();
 }
 

@@ -17,7 +17,10 @@
 // Constants
 //   static constexpr bool needs_sum_scratch     reduce()/reduce_encode() use `acc`
 //   static constexpr bool has_plain             the plain_* members exist (crossover)
-//   static constexpr std::size_t header_bytes   frame_header bytes before each frame (0: none)
+//   static constexpr std::size_t header_bytes   frame_header bytes before each frame (32)
+//   static constexpr bool host_frames           the engine reads received headers itself (the
+//                                               frames are host memory); false: the codec
+//                                               steps check the header sets they are given
 // Construction and set-up (in the engine's constructor, in this order)
 //   B(const comm_type&, int events, int streams)
 //   static void check_comm(const comm_type&, const char* who)      refuses an unusable comm
@@ -32,24 +35,31 @@
 //   const std::byte* allgather_small(const void* mine, size_t bytes, call_check&)
 //                                                  checked mode: every rank's fingerprint
 //   void wait_for(stream_type, const call_check&)  sync() within the deadline
-//   void stamp(lane, std::byte* frame, const frame_header&)   (no-op when header_bytes == 0)
+//   void stamp(lane, std::byte* slot, const frame_header&, const header_set& check)
+//                                                  a header with no frame after it (poisoned
+//                                                  too when a header of `check` disagrees)
+//   std::string disagreement() const               what the codec steps recorded; empty: none
 // A low-bit call's lanes (begin, then signal/wait by event index, then end)
 //   void begin(stream_type, bool overlap)   void end()
 //   void signal(lane, int event)            void wait(lane, int event)
-// The codec
+// The codec (a frame_header& is written at frame - header_bytes; a header_set names the
+// headers to check before anything is written, when host_frames is false)
 //   template <class Codec, class T, class Fb>
-//   void encode(lane, const T* x, size_t n, std::byte* frame, const rng_key&, uint64_t index0, Fb)
+//   void encode(lane, const T* x, size_t n, std::byte* frame, const rng_key&, uint64_t index0, Fb,
+//               const frame_header&)
 //   template <class Codec, class U>
-//   void decode(lane, const std::byte* frame, size_t n, U* out, float scale)
+//   void decode(lane, const std::byte* frame, size_t n, U* out, float scale, const header_set&)
 //   template <class Codec, class Fb, class U>
 //   void reduce_encode(lane, const std::byte* frames, size_t stride, int num_frames, size_t n,
 //                      std::byte* out_frame, const rng_key&, uint64_t index0, Fb,
-//                      float* acc, U* decoded_out /*may be null*/, float scale)
+//                      float* acc, U* decoded_out /*may be null*/, float scale,
+//                      const header_set&, const frame_header&)
 //   template <class Codec, class U>
 //   void reduce(lane, const std::byte* frames, size_t stride, int num_frames, size_t n,
-//               U* out, float scale, float* acc)
+//               U* out, float scale, float* acc, const header_set&)
 //   template <class U>
-//   void accumulate_output(lane, const float* delta, size_t n, float* g, U* out)
+//   void accumulate_output(lane, const float* delta, size_t n, float* g, U* out,
+//                          const header_set&)
 // The transfers
 //   void alltoallv(lane, const std::byte* send, const size_t* send_bytes,
 //                  const size_t* send_off, std::byte* recv, const size_t* recv_bytes,
@@ -70,6 +80,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -122,6 +133,8 @@ template <class B>
 using has_plain_t = decltype(bool{B::has_plain});
 template <class B>
 using header_bytes_t = decltype(std::size_t{B::header_bytes});
+template <class B>
+using host_frames_t = decltype(bool{B::host_frames});
 
 template <class B>
 using buffer_ops_t = decltype(float_buffer_t<B>(), float_buffer_t<B>(std::size_t{}),
@@ -166,7 +179,9 @@ template <class B>
 using wait_for_t = decltype(lval<B>().wait_for(lval<stream_type_t<B>>(), lval<const call_check>()));
 template <class B>
 using stamp_t = decltype(lval<B>().stamp(lane::compute, static_cast<std::byte*>(nullptr),
-                                         lval<const frame_header>()));
+                                         lval<const frame_header>(), lval<const header_set>()));
+template <class B>
+using disagreement_t = decltype(lval<const B>().disagreement());
 
 // ---- lanes --------------------------------------------------------------------------------
 template <class B>
@@ -182,24 +197,26 @@ using wait_t = decltype(lval<B>().wait(lane::comm, int{}));
 template <class B>
 using encode_t = decltype(lval<B>().template encode<probe_codec>(
     lane::compute, static_cast<const float*>(nullptr), std::size_t{},
-    static_cast<std::byte*>(nullptr), lval<const rng_key>(), std::uint64_t{}, probe_fb{}));
+    static_cast<std::byte*>(nullptr), lval<const rng_key>(), std::uint64_t{}, probe_fb{},
+    lval<const frame_header>()));
 template <class B>
 using decode_t = decltype(lval<B>().template decode<probe_codec>(
     lane::compute, static_cast<const std::byte*>(nullptr), std::size_t{},
-    static_cast<float*>(nullptr), float{}));
+    static_cast<float*>(nullptr), float{}, lval<const header_set>()));
 template <class B>
 using reduce_encode_t = decltype(lval<B>().template reduce_encode<probe_codec>(
     lane::compute, static_cast<const std::byte*>(nullptr), std::size_t{}, int{}, std::size_t{},
     static_cast<std::byte*>(nullptr), lval<const rng_key>(), std::uint64_t{}, probe_fb{},
-    static_cast<float*>(nullptr), static_cast<float*>(nullptr), float{}));
+    static_cast<float*>(nullptr), static_cast<float*>(nullptr), float{}, lval<const header_set>(),
+    lval<const frame_header>()));
 template <class B>
 using reduce_t = decltype(lval<B>().template reduce<probe_codec>(
     lane::compute, static_cast<const std::byte*>(nullptr), std::size_t{}, int{}, std::size_t{},
-    static_cast<float*>(nullptr), float{}, static_cast<float*>(nullptr)));
+    static_cast<float*>(nullptr), float{}, static_cast<float*>(nullptr), lval<const header_set>()));
 template <class B>
 using accumulate_output_t = decltype(lval<B>().accumulate_output(
     lane::compute, static_cast<const float*>(nullptr), std::size_t{}, static_cast<float*>(nullptr),
-    static_cast<float*>(nullptr)));
+    static_cast<float*>(nullptr), lval<const header_set>()));
 
 // ---- the transfers ------------------------------------------------------------------------
 template <class B>
@@ -243,13 +260,15 @@ constexpr bool is_backend_impl() {
   namespace c = backend_concept;
   return c::has<B, c::comm_type_t> && c::has<B, c::stream_type_t> && c::has<B, c::buffer_ops_t> &&
          c::has<B, c::transfer_buffer_ops_t> && c::has<B, c::needs_sum_scratch_t> &&
-         c::has<B, c::has_plain_t> && c::has<B, c::header_bytes_t> && c::has<B, c::constructor_t> &&
+         c::has<B, c::has_plain_t> && c::has<B, c::header_bytes_t> && c::has<B, c::host_frames_t> &&
+         c::has<B, c::constructor_t> &&
          c::has<B, c::check_comm_t> && c::has<B, c::check_sizes_t> &&
          c::has<B, c::set_transport_t> && c::has<B, c::make_transfer_buffer_t> &&
          c::returns<B, c::transport_t, frame_transport> && c::has<B, c::check_alive_t> &&
          c::has<B, c::copy_t> && c::has<B, c::set_check_stream_t> &&
          c::returns<B, c::allgather_small_t, const std::byte*> && c::has<B, c::wait_for_t> &&
-         c::has<B, c::stamp_t> && c::has<B, c::begin_t> && c::has<B, c::end_t> &&
+         c::has<B, c::stamp_t> && c::returns<B, c::disagreement_t, std::string> &&
+         c::has<B, c::begin_t> && c::has<B, c::end_t> &&
          c::has<B, c::signal_t> && c::has<B, c::wait_t> && c::has<B, c::encode_t> &&
          c::has<B, c::decode_t> && c::has<B, c::reduce_encode_t> && c::has<B, c::reduce_t> &&
          c::has<B, c::accumulate_output_t> && c::has<B, c::alltoallv_t> &&
@@ -277,6 +296,8 @@ constexpr bool check_backend() {
                 "lowbit backend: needs `static constexpr bool has_plain`");
   static_assert(c::has<B, c::header_bytes_t>,
                 "lowbit backend: needs `static constexpr std::size_t header_bytes`");
+  static_assert(c::has<B, c::host_frames_t>,
+                "lowbit backend: needs `static constexpr bool host_frames`");
   static_assert(c::has<B, c::constructor_t>,
                 "lowbit backend: needs a constructor (const comm_type&, int events, int streams)");
   static_assert(c::has<B, c::check_comm_t>,
@@ -305,7 +326,10 @@ constexpr bool check_backend() {
   static_assert(c::has<B, c::wait_for_t>,
                 "lowbit backend: needs `void wait_for(stream_type, const call_check&)`");
   static_assert(c::has<B, c::stamp_t>,
-                "lowbit backend: needs `void stamp(lane, std::byte*, const frame_header&)`");
+                "lowbit backend: needs `void stamp(lane, std::byte*, const frame_header&, const "
+                "header_set&)`");
+  static_assert(c::returns<B, c::disagreement_t, std::string>,
+                "lowbit backend: needs `std::string disagreement() const`");
   static_assert(c::has<B, c::begin_t> && c::has<B, c::end_t>,
                 "lowbit backend: needs `void begin(stream_type, bool)` and `void end()`");
   static_assert(c::has<B, c::signal_t> && c::has<B, c::wait_t>,
@@ -313,20 +337,21 @@ constexpr bool check_backend() {
   static_assert(
       c::has<B, c::encode_t>,
       "lowbit backend: needs `template <class Codec, class T, class Fb> void encode(lane, "
-      "const T*, size_t, std::byte*, const rng_key&, uint64_t, Fb)`");
+      "const T*, size_t, std::byte*, const rng_key&, uint64_t, Fb, const frame_header&)`");
   static_assert(c::has<B, c::decode_t>,
                 "lowbit backend: needs `template <class Codec, class U> void decode(lane, const "
-                "std::byte*, size_t, U*, float)`");
+                "std::byte*, size_t, U*, float, const header_set&)`");
   static_assert(c::has<B, c::reduce_encode_t>,
                 "lowbit backend: needs `template <class Codec, class Fb, class U> void "
                 "reduce_encode(lane, const std::byte*, size_t, int, size_t, std::byte*, const "
-                "rng_key&, uint64_t, Fb, float*, U*, float)`");
+                "rng_key&, uint64_t, Fb, float*, U*, float, const header_set&, const "
+                "frame_header&)`");
   static_assert(c::has<B, c::reduce_t>,
                 "lowbit backend: needs `template <class Codec, class U> void reduce(lane, const "
-                "std::byte*, size_t, int, size_t, U*, float, float*)`");
+                "std::byte*, size_t, int, size_t, U*, float, float*, const header_set&)`");
   static_assert(c::has<B, c::accumulate_output_t>,
                 "lowbit backend: needs `template <class U> void accumulate_output(lane, const "
-                "float*, size_t, float*, U*)`");
+                "float*, size_t, float*, U*, const header_set&)`");
   static_assert(c::has<B, c::alltoallv_t>,
                 "lowbit backend: needs `void alltoallv(lane, const std::byte*, const size_t*, "
                 "const size_t*, std::byte*, const size_t*, const size_t*, call_check&)`");

@@ -35,6 +35,9 @@ struct backend_impl<backend::mpi> {
 
   /// Every frame starts with a frame_header, checked by its receiver.
   static constexpr std::size_t header_bytes = sizeof(frame_header);
+  /// Frames live in host memory: the engine reads every received header itself, after each
+  /// transfer, so the codec steps below ignore their header sets.
+  static constexpr bool host_frames = true;
 
   /// Collective: duplicates the communicator (MPI_Comm_dup), so lowbit's messages travel
   /// apart from the caller's and from other collective objects'.
@@ -62,31 +65,41 @@ struct backend_impl<backend::mpi> {
   void wait_for(stream_type, const call_check&) {}
   void set_check_stream(stream_type) {}
   /// Stamps a frame with this call's header.
-  void stamp(lane, std::byte* frame, const frame_header& h) { std::memcpy(frame, &h, sizeof h); }
+  void stamp(lane, std::byte* slot, const frame_header& h, const header_set&) {
+    std::memcpy(slot, &h, sizeof h);
+  }
+  /// The engine raises what it finds in the headers itself.
+  static std::string disagreement() { return {}; }
 
   void begin(stream_type, bool /*overlap*/) {}
   void end() {}
   void signal(lane, int) {}
   void wait(lane, int) {}
 
+  /// `header` goes in front of the frame (at frame - header_bytes).
   template <class Codec, class T, class Fb>
   void encode(lane, const T* x, std::size_t n, std::byte* frame, const rng_key& key,
-              std::uint64_t index0, Fb fb) {
+              std::uint64_t index0, Fb fb, const frame_header& header) {
+    std::memcpy(frame - header_bytes, &header, sizeof header);
     host::encode<Codec>(span<const T>(x, n), span<std::byte>(frame, Codec::frame_bytes(n)), key,
                         index0, fb);
   }
 
   template <class Codec, class U>
-  void decode(lane, const std::byte* frame, std::size_t n, U* out, float scale) {
+  void decode(lane, const std::byte* frame, std::size_t n, U* out, float scale,
+              const header_set& = {}) {
     host::decode<Codec>(span<const std::byte>(frame, Codec::frame_bytes(n)), span<U>(out, n),
                         scale);
   }
 
-  /// decoded_out (may be null) gets the new frame decoded, times scale.
+  /// decoded_out (may be null) gets the new frame decoded, times scale; `header` goes in
+  /// front of out_frame.
   template <class Codec, class Fb, class U>
   void reduce_encode(lane l, const std::byte* frames, std::size_t stride, int num_frames,
                      std::size_t n, std::byte* out_frame, const rng_key& key, std::uint64_t index0,
-                     Fb fb, float* acc, U* decoded_out, float scale) {
+                     Fb fb, float* acc, U* decoded_out, float scale, const header_set&,
+                     const frame_header& header) {
+    std::memcpy(out_frame - header_bytes, &header, sizeof header);
     host::decode_accumulate_encode<Codec>(frames, stride, num_frames, span<float>(acc, n),
                                           span<std::byte>(out_frame, Codec::frame_bytes(n)), key,
                                           index0, fb);
@@ -96,13 +109,14 @@ struct backend_impl<backend::mpi> {
   /// out = scale * (sum of the decoded frames), summed in fp32 in rank order.
   template <class Codec, class U>
   void reduce(lane, const std::byte* frames, std::size_t stride, int num_frames, std::size_t n,
-              U* out, float scale, float* acc) {
+              U* out, float scale, float* acc, const header_set&) {
     host::sum_frames<Codec>(frames, stride, num_frames, span<float>(acc, n), out, scale);
   }
 
   /// g += delta; out = g (EF21's replicated state and output).
   template <class U>
-  void accumulate_output(lane, const float* delta, std::size_t n, float* g, U* out) {
+  void accumulate_output(lane, const float* delta, std::size_t n, float* g, U* out,
+                         const header_set&) {
     for (std::size_t i = 0; i < n; ++i) {
       g[i] = fadd(g[i], delta[i]);
       out[i] = from_float<U>(g[i]);

@@ -71,7 +71,9 @@ class collective_base {
   /// options().timeout: a rank that never joined makes it throw lowbit::timeout_error
   /// (naming the collective, its last count and step) and abort the communicator, instead
   /// of hanging. A no-op on the MPI backend, whose calls finish before they return.
-  void sync(stream_type stream = {}) { engine_.sync(stream, "lowbit collective sync"); }
+  /// A disagreement that the kernels of an earlier call found in its frames' headers
+  /// (NCCL) is raised here, or by the next call, whichever comes first: see all_reduce.
+  void sync(stream_type stream = {}) { engine_.sync(stream, engine_.name()); }
   /// Zeroes the feedback state (not stream-ordered: call with no call in flight); a
   /// no-op without feedback.
   void reset_feedback() { engine_.feedback_state().reset(); }

@@ -139,8 +139,14 @@ class engine {
   using impl = backend_impl<Backend>;
   template <class U>
   using buffer = typename impl::template buffer<U>;
-  /// Bytes of frame_header before every frame the backend sends (0: no header).
+  /// Bytes of frame_header before every frame the backend sends.
   static constexpr std::size_t H = impl::header_bytes;
+  static_assert(H == sizeof(frame_header), "lowbit backend: every frame carries a frame_header");
+  /// Where the host reads the headers (MPI), the own piece of two_phase is decoded in phase
+  /// 5, once every gathered header is known to agree. Where the kernels check them (NCCL),
+  /// phase 3's fused pass decodes it after checking every received header: a rank whose call
+  /// differs says so in every frame it sends, so phase 3 sees what phase 5 would.
+  static constexpr bool own_piece_late = impl::host_frames;
 
  public:
   using comm_type = typename impl::comm_type;
@@ -149,6 +155,7 @@ class engine {
   engine(const comm_type& comm, std::size_t max_count, const collective_options& opts,
          collective_kind kind, const char* who)
       : be_(checked(comm, who), Schedule::max_chunks * num_phases, Schedule::streams),
+        who_(who),
         max_count_(max_count),
         opts_(opts),
         step_(opts.first_step),
@@ -193,6 +200,8 @@ class engine {
   }
 
   std::size_t max_count() const noexcept { return max_count_; }
+  /// The collective's name, for messages ("lowbit::all_reduce").
+  const char* name() const noexcept { return who_; }
   /// Bytes of workspace and feedback state this object holds (host or device memory).
   std::size_t workspace_bytes() const noexcept {
     return send_.size() + recv_.size() + gather_.size() +
@@ -264,6 +273,7 @@ class engine {
     last.step = step_ - 1;
     last.seq = seq_ - 1;
     be_.wait_for(stream, call_check(who, last, opts_.timeout, P_));
+    raise_recorded_disagreement(who);
   }
 
   // ---- all_reduce -------------------------------------------------------------------
@@ -301,15 +311,15 @@ class engine {
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
-      if constexpr (H > 0) stamp(slot, cc.failed());
       if (pc.count > 0 && !cc.failed()) {
-        // EF21 decodes into its replicated state in phase 5 instead; with frame headers the
-        // own piece is decoded there too, once every frame is known to agree.
-        T* decoded = Feedback::replicated || H > 0 ? nullptr : out + pc.begin;
+        // EF21 decodes into its replicated state in phase 5 instead.
+        T* decoded = Feedback::replicated || own_piece_late ? nullptr : out + pc.begin;
         be_.template reduce_encode<Codec>(lane::compute, recv_.data() + recv_base_[k] + H,
                                           recv_stride_[k], P_, pc.count, slot + H, key1, pc.begin,
                                           state_.stage2_ref().shifted(pc.begin - mine.begin),
-                                          acc_.data(), decoded, scale);
+                                          acc_.data(), decoded, scale, received(k), header());
+      } else {  // no values (or a disagreement seen on the host): the header alone
+        stamp(slot, cc.failed(), received(k));
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
@@ -318,16 +328,18 @@ class engine {
     for (int k = 0; k < K; ++k) {  // 5: decode the reduced frames (mine is done, but EF21's)
       be_.wait(lane::compute, event(k, phase::gathered));
       for (int p = 0; p < P_ && !cc.failed(); ++p) {
-        if (p == rank_ && !Feedback::replicated && H == 0) continue;
+        if (p == rank_ && !Feedback::replicated && !own_piece_late) continue;
         const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
         const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k] + H;
         if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
-          be_.template decode<Codec>(lane::compute, frame, pc.count, tmp_.data() + pc.begin, scale);
+          be_.template decode<Codec>(lane::compute, frame, pc.count, tmp_.data() + pc.begin, scale,
+                                     gathered(k));
           be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
-                                state_.replicated() + pc.begin, out + pc.begin);
+                                state_.replicated() + pc.begin, out + pc.begin, gathered(k));
         } else {
-          be_.template decode<Codec>(lane::compute, frame, pc.count, out + pc.begin, scale);
+          be_.template decode<Codec>(lane::compute, frame, pc.count, out + pc.begin, scale,
+                                     gathered(k));
         }
       }
       links.output_ready(k);
@@ -351,10 +363,9 @@ class engine {
     for (int k = 0; k < K; ++k) {  // 1: encode my piece k into my slot
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
       std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
-      if constexpr (H > 0) stamp(slot, false);
       links.input_ready(k);
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
-                                 fb.shifted(pc.begin));
+                                 fb.shifted(pc.begin), header());
       be_.signal(lane::compute, event(k, phase::reduced));
     }
     gather(K, phase::reduced, Codec::bits, cc);
@@ -365,12 +376,12 @@ class engine {
       const std::byte* frames = gather_.data() + gather_off_[k] + H;
       if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
         be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
-                                   tmp_.data() + pc.begin, scale, acc_.data());
+                                   tmp_.data() + pc.begin, scale, acc_.data(), gathered(k));
         be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
-                              state_.replicated() + pc.begin, out + pc.begin);
+                              state_.replicated() + pc.begin, out + pc.begin, gathered(k));
       } else {
         be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
-                                   out + pc.begin, scale, acc_.data());
+                                   out + pc.begin, scale, acc_.data(), gathered(k));
       }
       links.output_ready(k);
     }
@@ -412,12 +423,12 @@ class engine {
         T* dst = out + (pc.begin - mine.begin);
         if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
           be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
-                                     tmp_.data() + pc.begin, scale, acc_.data());
+                                     tmp_.data() + pc.begin, scale, acc_.data(), received(k));
           be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
-                                state_.replicated() + pc.begin, dst);
+                                state_.replicated() + pc.begin, dst, received(k));
         } else {
           be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst,
-                                     scale, acc_.data());
+                                     scale, acc_.data(), received(k));
         }
       }
       links.output_ready(k);
@@ -449,10 +460,11 @@ class engine {
     for (int k = 0; k < K; ++k) {
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
-      if constexpr (H > 0) stamp(slot, false);
       if (pc.count > 0) {
         be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count, slot + H,
-                                   key0, pc.begin, state_.worker_ref().shifted(pc.begin));
+                                   key0, pc.begin, state_.worker_ref().shifted(pc.begin), header());
+      } else {
+        stamp(slot, false, {});
       }
       be_.signal(lane::compute, event(k, phase::reduced));
     }
@@ -465,7 +477,7 @@ class engine {
         if (pc.count == 0) continue;
         be_.template decode<Codec>(lane::compute,
                                    gather_.data() + gather_off_[k] + p * gather_slot_[k] + H,
-                                   pc.count, out + pc.begin, 1.0f);
+                                   pc.count, out + pc.begin, 1.0f, gathered(k));
       }
     }
     be_.end();
@@ -499,6 +511,7 @@ class engine {
       throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the input pointer is null");
     if (out_count > 0 && out == nullptr)
       throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the output pointer is null");
+    raise_recorded_disagreement(who);
     if (!broken_.empty())
       throw invalid_argument(__FILE__, __LINE__,
                              std::string(who) +
@@ -508,6 +521,19 @@ class engine {
     be_.check_alive(who);
   }
 
+  /// A disagreement that the backend's kernels recorded in an earlier call (whose output
+  /// they left untouched): raised once, then this object is retired.
+  void raise_recorded_disagreement(const char* who) {
+    if (!broken_.empty()) return;
+    std::string d = be_.disagreement();
+    if (d.empty()) return;
+    broken_ = d;
+    throw agreement_error(__FILE__, __LINE__,
+                          std::string(who) + ": the ranks disagreed " + d +
+                              "; nothing was written to that call's output, and this "
+                              "collective object is now unusable");
+  }
+
   /// Starts a call of `count` values: its header (what every frame and fingerprint says
   /// of it) and, in checked mode, the fingerprint exchange. Every rank's call number
   /// advances here, whichever path the call then takes.
@@ -515,7 +541,6 @@ class engine {
   call_check& begin_call(std::size_t count, const char* who, stream_type stream) {
     const std::uint32_t seq = seq_++;
     last_count_ = count;
-    if (H == 0 && !opts_.verify) return cc_;  // nothing reads or writes it: no per-call work
     cc_.error.clear();
     std::fill(cc_.bad.begin(), cc_.bad.end(), 0);
     frame_header h;
@@ -574,16 +599,30 @@ class engine {
                               "; nothing was written to the output");
   }
 
-  /// Writes this call's header at `slot` (poisoned: the frame after it carries no data).
-  void stamp(std::byte* slot, bool poison) {
+  /// This call's header, as its frames carry it.
+  const frame_header& header() const { return cc_.want; }
+
+  /// Writes this call's header at `slot` with no frame after it: poisoned when this rank
+  /// knows the ranks disagree, or (a backend whose kernels check headers) when one of
+  /// `check`'s does.
+  void stamp(std::byte* slot, bool poison, const header_set& check) {
     frame_header h = cc_.want;
     if (poison) h.flags |= poisoned;
-    be_.stamp(lane::compute, slot, h);
+    be_.stamp(lane::compute, slot, h, check);
   }
 
-  /// After phase 2: the headers of the frames received for my pieces.
+  /// The headers of chunk k's frames received for my piece (phase 2's), and of its
+  /// gathered frames (phase 4's): what the steps that consume them check.
+  header_set received(int k) const {
+    return {recv_.data() + recv_base_[k], recv_stride_[k], P_, cc_.want};
+  }
+  header_set gathered(int k) const {
+    return {gather_.data() + gather_off_[k], gather_slot_[k], P_, cc_.want};
+  }
+
+  /// After phase 2: the headers of the frames received for my pieces (host frames only).
   void check_received(int K, call_check& cc) {
-    if constexpr (H > 0) {
+    if constexpr (impl::host_frames) {
       for (int k = 0; k < K; ++k)
         for (int p = 0; p < P_; ++p) {
           const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
@@ -593,9 +632,9 @@ class engine {
     }
   }
 
-  /// After phase 4: the headers of every other rank's gathered frame.
+  /// After phase 4: the headers of every other rank's gathered frame (host frames only).
   void check_gathered(int K, call_check& cc) {
-    if constexpr (H > 0) {
+    if constexpr (impl::host_frames) {
       for (int k = 0; k < K; ++k)
         for (int p = 0; p < P_; ++p)
           if (p != rank_ && gather_slot_[k] > 0 && !cc.bad[static_cast<std::size_t>(p)])
@@ -673,10 +712,9 @@ class engine {
       const schedule::range pc = shard_piece(count, B, p, K, k);
       const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
       std::byte* slot = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
-      if constexpr (H > 0) stamp(slot, false);  // an empty piece sends its header alone
-      if (pc.count == 0) return;
+      if (pc.count == 0) return stamp(slot, false, {});  // an empty piece sends its header alone
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
-                                 fb.shifted(pc.begin));
+                                 fb.shifted(pc.begin), header());
     };
     for (int k = 0; k < K; ++k) {
       links.input_ready(k);
@@ -709,6 +747,7 @@ class engine {
   }
 
   impl be_;
+  const char* who_;
   std::size_t max_count_;
   collective_options opts_;
   std::uint32_t step_;

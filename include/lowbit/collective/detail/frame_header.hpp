@@ -1,8 +1,9 @@
-// What a rank's call was, in 32 bytes: the header of every frame the host backend sends,
-// and the fingerprint that checked mode (collective_options::verify) all-gathers before a
-// call. A receiver compares it with its own call's, so ranks that disagree (another count,
-// width, codec, step or call) get a clear lowbit::agreement_error instead of decoding a
-// stranger's bytes.
+// What a rank's call was, in 32 bytes (codec/frame_header.hpp): the header of every frame
+// a collective sends, and the fingerprint that checked mode (collective_options::verify)
+// all-gathers before a call. A receiver compares it with its own call's, so ranks that
+// disagree (another count, width, codec, step or call) get a clear lowbit::agreement_error
+// instead of decoding a stranger's bytes. Here: the host's side of it (the configuration
+// id, the error's words, one call's agreement state).
 #pragma once
 
 #include <chrono>
@@ -12,30 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/codec/frame_header.hpp"
+
 namespace lowbit::detail {
-
-/// The sender's call, as the receiver checks it. Trivially copyable, 32 bytes (keeps the
-/// frame after it 16-byte aligned).
-struct frame_header {
-  std::uint32_t magic = 0;   ///< frame_magic; anything else is not a lowbit frame
-  std::uint32_t config = 0;  ///< config_id: codec, element type, op, algorithm, feedback
-  std::uint64_t count = 0;   ///< the call's element count
-  std::uint32_t step = 0;    ///< the call's step (keys stochastic rounding)
-  std::uint32_t seq = 0;     ///< calls the sender's collective object made before this one
-  std::uint16_t bits = 0;    ///< code width
-  std::uint16_t flags = 0;   ///< frame_flags
-  std::uint32_t rank = 0;    ///< the sender
-};
-static_assert(sizeof(frame_header) == 32, "frame_header must stay 32 bytes");
-
-inline constexpr std::uint32_t frame_magic = 0x4c42'4631u;  // "LBF1"
-
-/// frame_header::flags.
-enum frame_flags : std::uint16_t {
-  /// The sender received a frame that disagreed with its call: this frame carries no data,
-  /// only the news, so that every rank raises the error, not only the first to see it.
-  poisoned = 1,
-};
 
 /// FNV-1a of a string: a stable id of a configuration, the same in every process of a
 /// build (and across builds with the same compiler).
@@ -80,24 +60,42 @@ inline std::string mismatch(const frame_header& got, const frame_header& want, i
     return them + " has " + what + " " + std::to_string(a) + " where " + us + " has " +
            std::to_string(b);
   };
-  if (got.magic != frame_magic)
-    return "rank " + std::to_string(from) + " sent bytes that are not a lowbit frame";
-  if (got.rank != static_cast<std::uint32_t>(from))
-    return "the frame from rank " + std::to_string(from) + " says it comes from rank " +
-           std::to_string(got.rank);
-  if (got.flags & poisoned)
-    return "rank " + std::to_string(from) +
-           " received a frame that did not match its call (its error names the values)";
-  if (got.count != want.count) return differ("count", got.count, want.count);
-  if (got.bits != want.bits) return differ("code width (bits)", got.bits, want.bits);
-  if (got.config != want.config)
-    return them + " uses another codec or configuration (element type, op, algorithm, "
-                  "feedback or collective) than " +
-           us;
-  if (got.step != want.step) return differ("step", got.step, want.step);
-  if (got.seq != want.seq) return differ("call number", got.seq, want.seq);
-  return {};
+  switch (first_difference(got, want, static_cast<std::uint32_t>(from))) {
+    case header_field::none:
+      return {};
+    case header_field::magic:
+      return "rank " + std::to_string(from) + " sent bytes that are not a lowbit frame";
+    case header_field::rank:
+      return "the frame from rank " + std::to_string(from) + " says it comes from rank " +
+             std::to_string(got.rank);
+    case header_field::poisoned:
+      return "rank " + std::to_string(from) +
+             " received a frame that did not match its call (its error names the values)";
+    case header_field::count:
+      return differ("count", got.count, want.count);
+    case header_field::bits:
+      return differ("code width (bits)", got.bits, want.bits);
+    case header_field::config:
+      return them + " uses another codec or configuration (element type, op, algorithm, "
+                    "feedback or collective) than " +
+             us;
+    case header_field::step:
+      return differ("step", got.step, want.step);
+    case header_field::seq:
+      return differ("call number", got.seq, want.seq);
+  }
+  return "rank " + std::to_string(from) + " sent a header this build cannot read";
 }
+
+/// The headers a step that consumes frames checks before it writes anything: `count`
+/// headers `stride` bytes apart from `first`, the one at index p sent by rank p, each
+/// describing the call `want`. count 0: nothing to check.
+struct header_set {
+  const std::byte* first = nullptr;
+  std::size_t stride = 0;
+  int count = 0;
+  frame_header want;
+};
 
 /// One call's agreement state, shared by the engine and the backend's transfers: what this
 /// rank's call is, how long a wait may last, and the first disagreement seen.
