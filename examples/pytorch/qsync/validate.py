@@ -13,17 +13,29 @@ seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
 2. profiles each precision twice with the stock torch.profiler, with per-op ranges
    (``traces/<case>_<p>.json.gz``) and without (``traces/<case>_<p>_plain.json.gz``),
    and times ``--host-iters`` steps' host side without any profiler
-   (``traces/<case>_<p>_host.json.gz``, the host truth lowbit-plan is given);
+   (``traces/<case>_<p>_host.json.gz``, the host truth the allocator's plans are made
+   with);
 3. writes the plans (uniform fp32/fp16/bf16, two mixed plans by rule, and with
    ``--lowbit-plan`` the allocator's plans at two targets) to ``plans/``;
-4. runs every plan un-instrumented: ``--warmup`` steps, then the median of ``--iters``
-   timed steps (each ends in a synchronize) and torch.cuda.max_memory_allocated,
-   appended to ``OUT/measured.csv``;
+4. runs every plan un-instrumented in ``--rounds`` rounds: each round times
+   ``--host-iters / rounds`` steps of every precision's uniform step (host samples
+   beside the measurement) and then ``--iters / rounds`` steps of every plan (after
+   ``--warmup`` steps in the first round, 2 later), the collector frozen and off
+   while timing; the median over all rounds and torch.cuda.max_memory_allocated
+   (first round) go to ``OUT/measured.csv``, every sample to ``OUT/host_times.json``;
 5. with ``--lowbit-plan``, runs the predict mode below.
 
+The host side of a step is not steady on the machine this was written for (a VM
+whose per-thread speed drifts by 20% or more from minute to minute, whatever the
+process does: host_drift.py measures it): host samples taken minutes before the
+measurement predict a host-bound step no better than that, so the host truth is sampled
+in the same rounds as the plans.
+
 Predict mode (no torch needed): ``validate.py --predict --out OUT --lowbit-plan BIN``
-runs ``lowbit-plan --plan`` on every measured case and writes the validation table
-(case, predicted, measured, error %) to ``OUT/validation.md`` and ``OUT/validation.csv``.
+runs ``lowbit-plan --plan`` on every measured case, given the host samples that
+``--host-truth`` names (``rounds``: those beside the measurement, the default;
+``profiling``; ``all``), and writes the validation table (case, predicted, measured,
+error %) to ``OUT/validation.md`` and ``OUT/validation.csv``.
 
 Exit status: 0 done, 1 an error (printed), 2 bad arguments or no CUDA.
 """
@@ -221,9 +233,42 @@ def free_memory(torch):
         torch.cuda.empty_cache()
 
 
-def run_case(torch, args, name, spec, out, measured_rows):
+class quiet:
+    """Timed steps run with Python's garbage collector frozen and off (as timeit does):
+    a collection inside a step is host time the model does not know of."""
+
+    def __enter__(self):
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        return self
+
+    def __exit__(self, *exc):
+        gc.enable()
+        gc.unfreeze()
+        return False
+
+
+def timed_steps(args, step, n):
+    """`n` timed steps (pinned where --pin asks, the collector off): their times and
+    host times, ms."""
+    if args.pin != "none":
+        from host_drift import gpu_local_cpus, set_affinity
+
+        set_affinity(args.pin, args.all_cpus, gpu_local_cpus())
+    times, host = [], []
+    with quiet():
+        for _ in range(n):
+            t = time.perf_counter()
+            step(host)
+            times.append(1000.0 * (time.perf_counter() - t))
+    return times, host
+
+
+def run_case(torch, args, name, spec, out, measured_rows, host_times):
     """Steps 1-4 of the module docstring for one case; appends to measured_rows and
-    rewrites measured.csv after every plan, so a failure keeps what was measured."""
+    rewrites measured.csv after every case, so a failure keeps what was measured, and
+    the host samples (per round) to OUT/host_times.json."""
     import export as ex
     from apply_plan import applied_plan
 
@@ -243,6 +288,10 @@ def run_case(torch, args, name, spec, out, measured_rows):
     log("%s: recorded %d ops" % (name, len(records)))
 
     # 2. profiles: instrumented and plain, per precision
+    rounds = max(1, args.rounds)
+    iters = spec.get("iters", args.iters)
+    host_iters = spec.get("host_iters", args.host_iters)
+    host_log = {}
     traces = {}
     tdir = os.path.join(out, "traces")
     opt = new_optimizer(torch, model)
@@ -267,14 +316,15 @@ def run_case(torch, args, name, spec, out, measured_rows):
             ex.profile(step, raw, steps=args.profile_steps)
             qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
         # The profiler itself inflates host time (every op and launch is recorded), so
-        # the host truth comes from steps timed without it.
-        host = []
-        for k in range(spec.get("host_iters", args.host_iters) + 2):  # two settle
-            step(host if k >= 2 else None)
-        # One step of the median: lowbit-plan averages steps, the median ignores outliers.
+        # the host truth comes from steps timed without it (step 4 adds more samples,
+        # interleaved with the measurement).
+        for _ in range(2):  # settle
+            step()
+        host = timed_steps(args, step, host_iters)[1]
+        host_log[p] = {"profiling": host, "rounds": []}
         qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
                       qm.host_trace([qm.median(host)]))
-        log("%s: profiled %s" % (name, p))
+        log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
     mpath = os.path.join(out, "%s.model.json" % name)
@@ -293,35 +343,58 @@ def run_case(torch, args, name, spec, out, measured_rows):
     for pn, pl in plans.items():
         qm.write_json(os.path.join(pdir, "%s_%s.json" % (name, pn)), pl)
 
-    # 4. measure every plan un-instrumented
-    for pn, pl in plans.items():
-        with applied_plan(model, pl, model_json, device_type=device) as ap:
+    # 4. measure every plan un-instrumented, in `rounds` rounds: each round times every
+    # precision's uniform step (the host truth lowbit-plan is given, as at profiling)
+    # and then every plan, so the host samples and the measurement are interleaved and
+    # the host's drift over minutes is in both (their medians over all rounds).
+    cuda = torch.cuda.is_available()
+    res = {pn: {"times": [], "host": []} for pn in plans}
+    for r in range(rounds):
+        for p in precisions:
             opt = new_optimizer(torch, model)
-            step = training_step(torch, model, opt, forward_loss, ap.step_context)
-            for _ in range(args.warmup):
+            step = training_step(torch, model, opt, forward_loss,
+                                 lambda p=p: ex.precision_context(p, device))
+            for _ in range(2):
                 step()
-            cuda = torch.cuda.is_available()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            times, host = [], []
-            for _ in range(spec.get("iters", args.iters)):
-                t = time.perf_counter()
-                step(host)
-                times.append(1000.0 * (time.perf_counter() - t))
-            peak = torch.cuda.max_memory_allocated() / 2.0 ** 30 if cuda else 0.0
-            summary = ap.summary()
-        del opt, step
-        free_memory(torch)
+            host_log[p]["rounds"].append(timed_steps(args, step, -(-host_iters // rounds))[1])
+            del opt, step
+            gc.collect()
+        for pn, pl in plans.items():
+            with applied_plan(model, pl, model_json, device_type=device) as ap:
+                opt = new_optimizer(torch, model)
+                step = training_step(torch, model, opt, forward_loss, ap.step_context)
+                for _ in range(args.warmup if r == 0 else 2):
+                    step()
+                if r == 0 and cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                times, host = timed_steps(args, step, -(-iters // rounds))
+                if r == 0:
+                    res[pn]["peak"] = torch.cuda.max_memory_allocated() / 2.0 ** 30 if cuda else 0.0
+                    res[pn]["summary"] = ap.summary()
+                res[pn]["times"].append(times)
+                res[pn]["host"].append(host)
+            del opt, step
+            gc.collect()
+        log("%s: round %d of %d measured" % (name, r + 1, rounds))
+    host_times[name] = {"precisions": host_log,
+                        "plans": {pn: {"times": v["times"], "host": v["host"]}
+                                  for pn, v in res.items()}}
+    qm.write_json(os.path.join(out, "host_times.json"), host_times)
+    for pn, v in res.items():
+        times = [t for rr in v["times"] for t in rr]
+        host = [h for rr in v["host"] for h in rr]
         row = {"case": "%s/%s" % (name, pn), "model": name, "plan": pn, "batch": spec["batch"],
-               "iters": spec.get("iters", args.iters), "iter_ms_median": "%.4f" % qm.median(times),
+               "iters": len(times), "iter_ms_median": "%.4f" % qm.median(times),
                "iter_ms_mean": "%.4f" % (sum(times) / len(times)),
                "iter_ms_min": "%.4f" % min(times), "iter_ms_max": "%.4f" % max(times),
-               "peak_gib": "%.4f" % peak, "host_ms_median": "%.4f" % qm.median(host),
-               "plan_summary": summary}
+               "peak_gib": "%.4f" % v["peak"], "host_ms_median": "%.4f" % qm.median(host),
+               "plan_summary": v["summary"]}
         measured_rows.append(row)
-        write_measured(out, measured_rows)
-        log("%s/%s: median %.2f ms, peak %.2f GiB (%s)" % (
-            name, pn, qm.median(times), peak, summary))
+        log("%s/%s: median %.2f ms (rounds %s), host %.2f ms, peak %.2f GiB (%s)" % (
+            name, pn, qm.median(times),
+            " ".join("%.2f" % qm.median(rr) for rr in v["times"]), qm.median(host),
+            v["peak"], v["summary"]))
+    write_measured(out, measured_rows)
     del model
     free_memory(torch)
 
@@ -336,9 +409,11 @@ def write_measured(out, rows):
 
 # ------------------------------------------------------------------- lowbit-plan calls
 
-def plan_args(out, name, tmp, precisions=None, gz=False):
+def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
     """lowbit-plan's model, cluster and trace arguments for case `name`: the gzipped
-    traces as they are when the binary reads .gz (`gz`), else plain copies in `tmp`."""
+    traces as they are when the binary reads .gz (`gz`), else plain copies in `tmp`;
+    the host truth from traces/<case>_<p>_<host>.json.gz (host_truth_traces), else the
+    plain profile."""
     tdir = os.path.join(out, "traces")
     use = (lambda t: t) if gz else (lambda t: qm.gunzip_to(t, tmp))
     inst, plain = [], []
@@ -347,7 +422,7 @@ def plan_args(out, name, tmp, precisions=None, gz=False):
         if not os.path.exists(t):
             continue
         inst.append("%s=%s" % (p, use(t)))
-        for kind in ("host", "plain"):  # host timing without a profiler, if there
+        for kind in (host, "plain"):  # host timing without a profiler, if there
             plain_gz = os.path.join(tdir, "%s_%s_%s.json.gz" % (name, p, kind))
             if os.path.exists(plain_gz):
                 plain.append("%s=%s" % (p, use(plain_gz)))
@@ -401,14 +476,14 @@ def allocator_plans(args, name, out, pdir):
     return plans
 
 
-def with_profile_host(out, row, measured):
+def with_profile_host(out, row, measured, host="host"):
     """`row` with ``profile_host_ms`` after ``meas_host_ms``: the host time per step of the
     plan's ambient precision as timed at profiling (traces/<case>_<p>_host.json.gz), the
     host figure lowbit-plan was given. Beside the host time measured with the plan it
     shows whether the machine's host side changed between profiling and measuring."""
     summary = measured.get("plan_summary", "")
     ambient = summary.split(";")[0].split()[-1] if summary.startswith("ambient") else ""
-    path = os.path.join(out, "traces", "%s_%s_host.json.gz" % (measured["model"], ambient))
+    path = os.path.join(out, "traces", "%s_%s_%s.json.gz" % (measured["model"], ambient, host))
     if not ambient or not os.path.exists(path):
         return row
     steps = [e["dur"] / 1000.0 for e in qm.read_json(path)["traceEvents"]
@@ -421,6 +496,25 @@ def with_profile_host(out, row, measured):
     return out_row
 
 
+def host_truth_traces(out, kind):
+    """Writes traces/<case>_<p>_host_<kind>.json.gz from OUT/host_times.json (the median
+    of the host samples of `kind`: ``rounds``, those timed in the measurement's rounds,
+    beside the plans; ``profiling``, those timed at profiling; ``all``) and returns the
+    trace kind plan_args reads: ``host_<kind>``, or ``host`` (timed at profiling) for an
+    OUT without host_times.json."""
+    path = os.path.join(out, "host_times.json")
+    if not os.path.exists(path):
+        return "host"
+    for name, case in qm.read_json(path).items():
+        for p, d in case["precisions"].items():
+            rounds = [h for r in d["rounds"] for h in r]
+            samples = {"rounds": rounds, "profiling": d["profiling"],
+                       "all": d["profiling"] + rounds}[kind] or d["profiling"]
+            qm.write_json(os.path.join(out, "traces", "%s_%s_host_%s.json.gz" % (name, p, kind)),
+                          qm.host_trace([qm.median(samples)]))
+    return "host_" + kind
+
+
 def predict(args):
     """Runs lowbit-plan --plan for every measured case and writes the validation table."""
     if not args.lowbit_plan:
@@ -430,10 +524,11 @@ def predict(args):
     predicted, commands = {}, []
     pdir = os.path.join(args.out, "predicted")
     os.makedirs(pdir, exist_ok=True)
+    host = host_truth_traces(args.out, args.host_truth)
     with tempfile.TemporaryDirectory() as tmp:
         for name in dict.fromkeys(m["model"] for m in measured):
             gz = reads_gz(args.lowbit_plan, args.out, name)
-            base = plan_args(args.out, name, tmp, gz=gz)
+            base = plan_args(args.out, name, tmp, gz=gz, host=host)
             for m in (m for m in measured if m["model"] == name):
                 plan = os.path.join(args.out, "plans", "%s_%s.json" % (name, m["plan"]))
                 pred = os.path.join(pdir, "%s_%s.json" % (name, m["plan"]))
@@ -443,7 +538,7 @@ def predict(args):
                 j = qm.read_json(pred)["plans"][0]
                 predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
                                         "memory_gib": j["groups"][0]["memory_gib"]}
-    rows = [with_profile_host(args.out, r, m) for r, m in
+    rows = [with_profile_host(args.out, r, m, host) for r, m in
             zip(qm.validation_rows(predicted, measured), [m for m in measured
                                                           if m["case"] in predicted])]
     table = qm.markdown_table(rows)
@@ -467,21 +562,33 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lowbit-plan", default="", help="path of the built lowbit-plan binary")
     ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations per plan (>= 20)")
+    ap.add_argument("--iters", type=int, default=25,
+                    help="timed iterations per plan (>= 20), over all rounds")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps per trace")
-    ap.add_argument("--host-iters", type=int, default=10,
-                    help="steps timed without a profiler for the host time per precision")
+    ap.add_argument("--host-iters", type=int, default=15,
+                    help="steps timed without a profiler for the host time per precision, "
+                         "at profiling and again spread over the rounds")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds the measurement is spread over, each timing every "
+                         "precision's host side and then every plan (interleaved)")
+    ap.add_argument("--pin", choices=("none", "pin", "pin1"), default="none",
+                    help="pin the process's threads while timing (host_drift.py)")
     ap.add_argument("--predict", action="store_true", help="only run lowbit-plan on OUT")
+    ap.add_argument("--host-truth", choices=("rounds", "profiling", "all"), default="rounds",
+                    help="the host samples lowbit-plan is given (OUT/host_times.json): "
+                         "those timed in the measurement's rounds, beside the plans "
+                         "(default), at profiling, or all")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny models on the CPU: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
+    a.all_cpus = sorted(os.sched_getaffinity(0))
     unknown = [c for c in a.cases.split(",") if c not in CASES]
     if unknown:
         ap.error("unknown case(s): " + ", ".join(unknown))
     if a.lowbit_plan and not os.access(a.lowbit_plan, os.X_OK):
         ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
-    if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1 or a.host_iters < 1:
+    if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1 or a.host_iters < 1 or a.rounds < 1:
         ap.error("--iters, --profile-steps must be positive, --warmup non-negative")
     return a
 
@@ -516,9 +623,9 @@ def main(argv=None):
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(env, f, indent=1)
     log("torch %s on %s" % (env["torch"], env["gpu"]))
-    rows = []
+    rows, host_times = [], {}
     for name in args.cases.split(","):
-        run_case(torch, args, name, CASES[name], args.out, rows)
+        run_case(torch, args, name, CASES[name], args.out, rows, host_times)
     log("measured %d plans; %s" % (len(rows), os.path.join(args.out, "measured.csv")))
     if args.lowbit_plan:
         predict(args)
