@@ -121,15 +121,22 @@ class applied_plan:
             "%s=%d" % kv for kv in sorted(counts.items())), len(self.wrapped))
 
     def __enter__(self):
-        self.calls = _Calls(self.model)
         # id(cast) -> (cast, original), and the ids each op's outputs hold there, with the
         # number of its consumers still to start.
         self.kept: Dict[int, tuple] = {}
         self.kept_by_op: Dict[str, list] = {}
         self.pending: Dict[str, int] = {}
-        self.handles = [self.model.register_forward_pre_hook(lambda m, a: self._reset())]
+        self.calls, self.handles = None, []
+        # Hooks only on the modules of wrapped ops (every op at another precision than
+        # the ambient and every consumer of one is wrapped): a module hook costs host
+        # time on every call, which no profile holds; a uniform plan installs none.
+        hooked = {module_of(op) for op in self.wrapped}
+        if hooked:
+            self.calls = _Calls(self.model)
+            self.handles.append(self.model.register_forward_pre_hook(lambda m, a: self._reset()))
         for name, m in leaf_modules(self.model):
-            self._wrap(name, m)
+            if name in hooked:
+                self._wrap(name, m)
         return self
 
     def _reset(self):
@@ -216,6 +223,7 @@ class applied_plan:
     def __exit__(self, *exc):
         for h in self.handles:
             h.remove()
-        self.calls.remove()
+        if self.calls is not None:
+            self.calls.remove()
         self._reset()
         return False

@@ -124,6 +124,24 @@ class AppliedPlan(unittest.TestCase):
             ap = self.run_plan({"default": "fp32", "ops": ops})
             self.assertEqual(ap.kept, {})  # nothing held past the step
 
+    def test_hooks_only_on_wrapped_modules(self):
+        # A module hook costs host time on every call, which no profile holds: a uniform
+        # plan installs none, a mixed one only on the modules of the ops it wraps.
+        def hooked():
+            return {n for n, m in self.model.named_modules()
+                    if m._forward_pre_hooks or m._forward_hooks}
+
+        with applied_plan(self.model, qm.uniform_plan("bf16"), self.model_json,
+                          device_type="cpu"):
+            self.assertEqual(hooked(), set())
+        plan = {"default": "bf16", "ops": {"fc1": "fp32"}}
+        with applied_plan(self.model, plan, self.model_json, device_type="cpu") as ap:
+            # fc1 at fp32, act following it, fc2 fed by act; the root clears the counts.
+            self.assertEqual(set(ap.wrapped), {"fc1", "act", "fc2"})
+            self.assertEqual(hooked(), {"", "fc1", "act", "fc2"})
+        self.assertEqual(hooked(), set())
+        self.run_plan(plan)  # and it still runs
+
     def test_own_outputs_released_after_the_last_consumer(self):
         # q at fp32 in a bf16 ambient: its own output is kept until the last op the model
         # JSON lists as consuming it has started (o, and att.ln, which the recording sees
