@@ -208,6 +208,29 @@ def _has_torch():
     return True
 
 
+class HostTruth(unittest.TestCase):
+    def test_host_truth_traces(self):
+        # validate.py --predict gives lowbit-plan the median of the host samples that
+        # --host-truth names, from OUT/host_times.json.
+        import validate
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, "traces"))
+            qm.write_json(os.path.join(out, "host_times.json"), {"m": {"precisions": {
+                "fp32": {"profiling": [1.0, 2.0, 3.0], "rounds": [[10.0, 12.0], [11.0]]}},
+                "plans": {}}})
+
+            def given(kind):
+                self.assertEqual(validate.host_truth_traces(out, kind), "host_" + kind)
+                t = qm.read_json(os.path.join(out, "traces", "m_fp32_host_%s.json.gz" % kind))
+                return [e["dur"] / 1000.0 for e in t["traceEvents"]]
+
+            self.assertEqual(given("rounds"), [11.0])
+            self.assertEqual(given("profiling"), [2.0])
+            self.assertEqual(given("all"), [3.0 + (10.0 - 3.0) / 2])  # median of 6
+        with tempfile.TemporaryDirectory() as out:  # an older OUT: the profiling trace
+            self.assertEqual(validate.host_truth_traces(out, "rounds"), "host")
+
+
 class Smoke(unittest.TestCase):
     @unittest.skipUnless(_has_torch() and os.environ.get("LOWBIT_PLAN"),
                          "needs torch and LOWBIT_PLAN")
