@@ -478,9 +478,9 @@ def allocator_plans(args, name, out, pdir):
 
 def with_profile_host(out, row, measured, host="host"):
     """`row` with ``profile_host_ms`` after ``meas_host_ms``: the host time per step of the
-    plan's ambient precision as timed at profiling (traces/<case>_<p>_host.json.gz), the
-    host figure lowbit-plan was given. Beside the host time measured with the plan it
-    shows whether the machine's host side changed between profiling and measuring."""
+    plan's ambient precision that lowbit-plan was given (traces/<case>_<p>_<host>.json.gz).
+    Beside the host time measured with the plan it shows how far the host side moved
+    between the samples and the measurement."""
     summary = measured.get("plan_summary", "")
     ambient = summary.split(";")[0].split()[-1] if summary.startswith("ambient") else ""
     path = os.path.join(out, "traces", "%s_%s_%s.json.gz" % (measured["model"], ambient, host))
