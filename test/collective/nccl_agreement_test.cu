@@ -109,11 +109,13 @@ TEST_CASE("checked mode on NCCL: another step is named on every rank") {
   CHECK(b.untouched());
 }
 
-TEST_CASE("frame headers on NCCL: a disagreement that keeps every frame's size raises on "
-          "every rank, nothing is written, the communicator stays usable") {
+TEST_CASE(
+    "frame headers on NCCL: a disagreement that keeps every frame's size raises on "
+    "every rank, nothing is written, the communicator stays usable") {
   if (world_size() < 2) return;
   using lowbit::all_reduce_algorithm;
-  for (all_reduce_algorithm algo : {all_reduce_algorithm::one_shot, all_reduce_algorithm::two_phase})
+  for (all_reduce_algorithm algo :
+       {all_reduce_algorithm::one_shot, all_reduce_algorithm::two_phase})
     for (const char* differs : {"count", "step"}) {
       INFO(lowbit::to_string(algo) << ", another " << differs);
       lowbit::comm::nccl_comm c = fresh_comm();

@@ -145,8 +145,8 @@ TEST_CASE("encode writes its header in front of a frame that is the host's, byte
   const std::size_t fb = C::frame_bytes(n);
   device_array<std::byte> slot(H + fb);
   const frame_header h = call_header(1, n);
-  kernels::encode<C>(dx.data(), n, slot.data() + H, rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr,
-                     {slot.data(), h});
+  kernels::encode<C>(dx.data(), n, slot.data() + H, rng_key{}, 0, lowbit::feedback::none_ref{},
+                     nullptr, {slot.data(), h});
   KT_CUDA(cudaDeviceSynchronize());
   const std::vector<std::byte> got = slot.download(H + fb);
 
@@ -159,8 +159,8 @@ TEST_CASE("encode writes its header in front of a frame that is the host's, byte
 
   SECTION("no values: the header alone") {
     slot.poison();
-    kernels::encode<C>(dx.data(), 0, slot.data() + H, rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr,
-                       {slot.data(), h});
+    kernels::encode<C>(dx.data(), 0, slot.data() + H, rng_key{}, 0, lowbit::feedback::none_ref{},
+                       nullptr, {slot.data(), h});
     KT_CUDA(cudaDeviceSynchronize());
     const std::vector<std::byte> only = slot.download(H + fb);
     REQUIRE(std::memcmp(only.data(), &h, H) == 0);
@@ -234,8 +234,8 @@ TEST_CASE("a reduce whose inputs disagree writes a poisoned header and nothing e
                                                   decoded.data(), 1.0f, nullptr, fr);
     else
       kernels::decode_accumulate_encode<C>(s.frame(0), s.stride, P, n, out_slot.data() + H,
-                                           rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr, nullptr,
-                                           fr);
+                                           rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr,
+                                           nullptr, fr);
     KT_CUDA(cudaDeviceSynchronize());
   };
 

@@ -11,11 +11,11 @@
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/kernels/detail/frame_io.cuh"
-#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
+#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
 
 namespace lowbit::kernels {
@@ -83,14 +83,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   const std::size_t groups = (count + 31) / 32;
   const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
   const std::size_t codes_offset = Codec::codes_offset(count);
-  if (check.count > 0) {  // a stranger's frame: write nothing
-    const std::size_t g = w.first_tile * 32 + static_cast<std::size_t>(lane);
-    if (g < groups)
-      for (int p = 0; p < (sum ? num_frames : 1); ++p)
-        prefetch_l2(frame + static_cast<std::size_t>(p) * frame_stride + codes_offset +
-                    g * Codec::group_bytes);
-    if (!frames_agree(check)) return;
-  }
+  // Judged before the warp's first store: a stranger's frame leaves the output untouched.
+  const header_probe probe(check);
 
   for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, groups);
@@ -137,6 +131,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
         raw_bits<T>::set(r.w, i, from_float<T>(v));
       }
     }
+    if (tile == w.first_tile && !probe.agree(check)) return;
     store_group_values<T, layout>(out + t.tile_first, t.tile_n, out_vector && t.full, s, lane, r);
   }
 }

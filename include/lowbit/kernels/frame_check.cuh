@@ -3,8 +3,9 @@
 // collective whose ranks disagree (another count, width, codec, step or call) leaves its
 // output untouched and says so, without a host round trip inside the call.
 //
-// A kernel given a header_check reads the `count` headers in every warp (32 bytes each, from
-// L2 after the first reads), and every warp decides alike: all agree, or none writes. The first
+// A kernel given a header_check reads the `count` headers in every warp (a word a lane, from
+// L2 after the first reads, the load issued at the top and judged before the warp's first
+// store), and every warp decides alike: all agree, or none writes. The first
 // disagreement found is recorded in a header_mismatch that the host reads (mapped pinned
 // memory on the collectives' backend) after the stream has run. A kernel given a
 // header_stamp writes that header in front of its frame, flagged `poisoned` by a reduce
@@ -90,30 +91,85 @@ __device__ __forceinline__ void record_mismatch(header_mismatch* r, int from,
   atomicExch(&r->ready, 1u);
 }
 
-/// True when every header `c` names agrees with its call. Every lane of the warp must call
-/// it (it ends in a warp vote); every lane gets the same answer, and so does every warp of
-/// the grid, which reads the same headers. A warp decides for itself, with no barrier:
-/// the header's load latency is the whole cost, paid once per warp before its first tile.
-__device__ __forceinline__ bool frames_agree(const header_check& c) {
-  if (c.count == 0) return true;
-  bool bad = false;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  for (int p = lane; p < c.count; p += 32) {
-    const lowbit::detail::frame_header got =
-        load_header(c.first + static_cast<std::size_t>(p) * c.stride);
-    if (lowbit::detail::first_difference(got, c.want, static_cast<std::uint32_t>(p)) !=
-        lowbit::detail::header_field::none) {
-      bad = true;
+/// A warp's check of the headers `c` names, issued early and judged late. Each lane loads
+/// one 32-bit word of them (lane l: word l % 8 of header l / 8) when the probe is made, at
+/// the top of a kernel; agree() compares and votes where the warp first writes, so the
+/// load's latency hides behind the warp's first tile instead of delaying it (a check that
+/// waited for the headers up front cost 1-4 us per kernel on an H200).
+class header_probe {
+ public:
+  __device__ __forceinline__ explicit header_probe(const header_check& c) {
+    const int l = lane();
+    if (l < 8 * c.count) word_ = load_word(c, l);
+  }
+
+  /// True when every header agrees with its call. Every lane of the warp must call it (it
+  /// ends in a warp vote); every lane gets the same answer, and so does every warp of the
+  /// grid, which reads the same headers. On a disagreement the lowest disagreeing frame is
+  /// recorded, whole, in c.record.
+  __device__ __forceinline__ bool agree(const header_check& c) const {
+    if (c.count == 0) return true;
+    int first_bad = c.count;
+    for (int i = lane(); i < 8 * c.count; i += 32) {
+      const std::uint32_t w = i < 32 ? word_ : load_word(c, i);
+      const std::uint32_t mask = i % 8 == 6 ? bits_and_poison : ~0u;
+      if ((w & mask) != (expected(c.want, i / 8, i % 8) & mask) && i / 8 < first_bad)
+        first_bad = i / 8;
+    }
+    const int p = __reduce_min_sync(0xffffffffu, first_bad);
+    if (p == c.count) return true;
+    if (lane() == 0) {
+      const lowbit::detail::frame_header got =
+          load_header(c.first + static_cast<std::size_t>(p) * c.stride);
       record_mismatch(c.record, p, got, c.want);
     }
+    return false;
   }
-  return __any_sync(0xffffffffu, bad) == 0;
-}
 
-/// Starts fetching the line at `p` into L2 without waiting for it (a kernel's first codes,
-/// requested before it waits on the headers, so the two latencies overlap).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+ private:
+  /// Word 6 holds bits (low half) and flags (high half): only the flag that means something
+  /// is compared, as first_difference does.
+  static constexpr std::uint32_t bits_and_poison =
+      0xffffu | (static_cast<std::uint32_t>(lowbit::detail::poisoned) << 16);
+
+  static __device__ __forceinline__ int lane() { return static_cast<int>(threadIdx.x % 32); }
+  static __device__ __forceinline__ std::uint32_t load_word(const header_check& c, int i) {
+    return reinterpret_cast<const std::uint32_t*>(c.first + static_cast<std::size_t>(i / 8) *
+                                                                c.stride)[i % 8];
+  }
+  /// Word k of the header frame p of the call `want` must carry.
+  static __device__ __forceinline__ std::uint32_t expected(const lowbit::detail::frame_header& want,
+                                                           int p, int k) {
+    switch (k) {
+      case 0:
+        return lowbit::detail::frame_magic;
+      case 1:
+        return want.config;
+      case 2:
+        return static_cast<std::uint32_t>(want.count);
+      case 3:
+        return static_cast<std::uint32_t>(want.count >> 32);
+      case 4:
+        return want.step;
+      case 5:
+        return want.seq;
+      case 6:
+        return want.bits;  // flags: none
+      default:
+        return static_cast<std::uint32_t>(p);
+    }
+  }
+
+  std::uint32_t word_ = 0;
+};
+static_assert(offsetof(lowbit::detail::frame_header, bits) == 24 &&
+                  offsetof(lowbit::detail::frame_header, flags) == 26 &&
+                  offsetof(lowbit::detail::frame_header, rank) == 28,
+              "header_probe reads frame_header as eight little-endian words");
+
+/// header_probe(c).agree(c): for kernels with nothing to overlap the check with.
+__device__ __forceinline__ bool frames_agree(const header_check& c) {
+  return header_probe(c).agree(c);
 }
 
 /// Writes the stamp (poisoned when the frame after it carries no data), from one thread.

@@ -30,8 +30,11 @@
 namespace lowbit::kernels {
 namespace detail {
 
+/// Two CTAs per SM: left alone, ptxas gave the 8-bit sum with a second-stage fp32 residual
+/// 137 registers once the header check was added (one CTA of 8 warps an SM); the cap of 128
+/// keeps two, as every other instantiation had.
 template <class Codec, class T, class Feedback>
-__global__ void __launch_bounds__(launch_policy::max_threads)
+__global__ void __launch_bounds__(launch_policy::max_threads, 2)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
@@ -48,19 +51,19 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
   const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
-  // Before anything is written: frames that disagree yield a poisoned header and no data.
-  if (fr.check.count > 0 && w.first_tile < w.tiles) {
-    const tile_lanes<layout> t0(w.first_tile, lane, count, w.blocks);
-    if (t0.live)
-      for (int p = 0; p < num_frames; ++p)
-        prefetch_l2(frames + static_cast<std::size_t>(p) * frame_stride + w.codes_offset +
-                    t0.group * Codec::group_bytes);
-  }
-  const bool agree = frames_agree(fr.check);
-  write_stamp(fr.stamp, !agree);
-  if (!agree) return;
-  if (out_frame != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-    zero_meta_padding<meta_type>(out_frame, w.blocks, w.codes_offset);
+  // Nothing is written before the headers are judged, in each warp's first tile: frames
+  // that disagree yield a poisoned header and no data. Warp 0 of CTA 0 always has a tile
+  // (count > 0), so it writes the output's header and the meta padding.
+  const header_probe probe(fr.check);
+  const auto verify = [&] {
+    const bool agree = probe.agree(fr.check);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      write_stamp(fr.stamp, !agree);
+      if (agree && out_frame != nullptr)
+        zero_meta_padding<meta_type>(out_frame, w.blocks, w.codes_offset);
+    }
+    return agree;
+  };
 
   for (std::size_t tile = w.first_tile; tile < w.tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, w.blocks);
@@ -86,6 +89,8 @@ __global__ void __launch_bounds__(launch_policy::max_threads)
           if (i >= t.valid) c[i] = 0.0f;
       }
     }
+
+    if (tile == w.first_tile && !verify()) return;
 
     // The T output: the sum now, or (requantized_out) what encode_group decodes back.
     const auto write_out = [&] {
@@ -171,8 +176,8 @@ template <class Codec, class Feedback = feedback::none_ref, class T = float>
 void decode_accumulate_encode(const std::byte* frames, std::size_t frame_stride, int num_frames,
                               std::size_t count, std::byte* out_frame, const rng_key& key,
                               std::uint64_t index0, Feedback fb, T* reduced_out,
-                              float reduced_scale, cudaStream_t stream,
-                              const launch_policy& policy, const framing& fr = {}) {
+                              float reduced_scale, cudaStream_t stream, const launch_policy& policy,
+                              const framing& fr = {}) {
   detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0, fb,
                                reduced_out, reduced_scale, false, stream, policy,
                                "kernels::decode_accumulate_encode", fr);
@@ -188,10 +193,9 @@ void decode_accumulate_encode_decode(const std::byte* frames, std::size_t frame_
                                      const rng_key& key, std::uint64_t index0, Feedback fb,
                                      T* decoded_out, float scale, cudaStream_t stream,
                                      const framing& fr = {}) {
-  detail::launch_reduce<Codec>(frames, frame_stride, num_frames, count, out_frame, key, index0,
-                               fb, decoded_out, scale, true, stream,
-                               detail::default_policy(pass::reduce),
-                               "kernels::decode_accumulate_encode_decode", fr);
+  detail::launch_reduce<Codec>(
+      frames, frame_stride, num_frames, count, out_frame, key, index0, fb, decoded_out, scale, true,
+      stream, detail::default_policy(pass::reduce), "kernels::decode_accumulate_encode_decode", fr);
 }
 
 /// decode_accumulate_encode with the sum written unscaled (when reduced_out is not null)

@@ -261,16 +261,15 @@ constexpr bool is_backend_impl() {
   return c::has<B, c::comm_type_t> && c::has<B, c::stream_type_t> && c::has<B, c::buffer_ops_t> &&
          c::has<B, c::transfer_buffer_ops_t> && c::has<B, c::needs_sum_scratch_t> &&
          c::has<B, c::has_plain_t> && c::has<B, c::header_bytes_t> && c::has<B, c::host_frames_t> &&
-         c::has<B, c::constructor_t> &&
-         c::has<B, c::check_comm_t> && c::has<B, c::check_sizes_t> &&
+         c::has<B, c::constructor_t> && c::has<B, c::check_comm_t> && c::has<B, c::check_sizes_t> &&
          c::has<B, c::set_transport_t> && c::has<B, c::make_transfer_buffer_t> &&
          c::returns<B, c::transport_t, frame_transport> && c::has<B, c::check_alive_t> &&
          c::has<B, c::copy_t> && c::has<B, c::set_check_stream_t> &&
          c::returns<B, c::allgather_small_t, const std::byte*> && c::has<B, c::wait_for_t> &&
          c::has<B, c::stamp_t> && c::returns<B, c::disagreement_t, std::string> &&
-         c::has<B, c::begin_t> && c::has<B, c::end_t> &&
-         c::has<B, c::signal_t> && c::has<B, c::wait_t> && c::has<B, c::encode_t> &&
-         c::has<B, c::decode_t> && c::has<B, c::reduce_encode_t> && c::has<B, c::reduce_t> &&
+         c::has<B, c::begin_t> && c::has<B, c::end_t> && c::has<B, c::signal_t> &&
+         c::has<B, c::wait_t> && c::has<B, c::encode_t> && c::has<B, c::decode_t> &&
+         c::has<B, c::reduce_encode_t> && c::has<B, c::reduce_t> &&
          c::has<B, c::accumulate_output_t> && c::has<B, c::alltoallv_t> &&
          c::has<B, c::allgather_t> && c::plain_ok<B>::value;
 }

@@ -112,7 +112,8 @@ struct backend_impl<backend::nccl> {
   std::string disagreement() const {
     const volatile kernels::header_mismatch* r = mismatch_.get();
     if (r->ready == 0) return {};
-    const kernels::header_mismatch m = *const_cast<const kernels::header_mismatch*>(mismatch_.get());
+    const kernels::header_mismatch m =
+        *const_cast<const kernels::header_mismatch*>(mismatch_.get());
     return "in call " + std::to_string(m.want.seq) + " of this collective object, " +
            mismatch(m.got, m.want, m.from);
   }
@@ -220,9 +221,9 @@ struct backend_impl<backend::nccl> {
                          const header_set& check) {
     if (n == 0) return;
     const std::size_t threads = 256, blocks = (n + threads - 1) / threads;
-    accumulate_output_kernel<U><<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535),
-                                  static_cast<unsigned>(threads), 0, stream(l)>>>(
-        delta, n, g, out, device_check(check));
+    accumulate_output_kernel<U>
+        <<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), static_cast<unsigned>(threads),
+           0, stream(l)>>>(delta, n, g, out, device_check(check));
     LOWBIT_CHECK_LAUNCH();
   }
 

@@ -76,8 +76,9 @@ inline std::string mismatch(const frame_header& got, const frame_header& want, i
     case header_field::bits:
       return differ("code width (bits)", got.bits, want.bits);
     case header_field::config:
-      return them + " uses another codec or configuration (element type, op, algorithm, "
-                    "feedback or collective) than " +
+      return them +
+             " uses another codec or configuration (element type, op, algorithm, "
+             "feedback or collective) than " +
              us;
     case header_field::step:
       return differ("step", got.step, want.step);
@@ -122,15 +123,16 @@ struct call_check {
   void check_frame(const std::byte* frame, int from) {
     const frame_header got = load_header(frame);
     std::string why = mismatch(got, want, from);
-    if (!why.empty()) note(from, std::move(why), !(got.magic == frame_magic && got.rank ==
-                                                   static_cast<std::uint32_t>(from) &&
-                                                   (got.flags & poisoned)));
+    if (!why.empty())
+      note(from, std::move(why),
+           first_difference(got, want, static_cast<std::uint32_t>(from)) !=
+               header_field::poisoned);
   }
   /// What a timeout says: the collective, its count and step, and who was waited for.
   std::string timeout_message(const std::string& waiting_for) const {
     return std::string(who) + ": timed out after " + std::to_string(timeout.count()) +
-           " ms waiting for " + waiting_for + " (count " + std::to_string(want.count) +
-           ", step " + std::to_string(want.step) + ", call " + std::to_string(want.seq) +
+           " ms waiting for " + waiting_for + " (count " + std::to_string(want.count) + ", step " +
+           std::to_string(want.step) + ", call " + std::to_string(want.seq) +
            " of this collective object); the communicator is now unusable";
   }
 };
