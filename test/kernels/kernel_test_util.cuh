@@ -48,6 +48,12 @@ struct device_array {
     KT_CUDA(cudaMemcpy(static_cast<char*>(raw) + offset_bytes, src, n * sizeof(T),
                        cudaMemcpyHostToDevice));
   }
+  /// The first `bytes` bytes, whatever T is (to tell the poison from what a kernel wrote).
+  std::vector<std::byte> download_bytes(std::size_t bytes) const {
+    std::vector<std::byte> v(bytes);
+    KT_CUDA(cudaMemcpy(v.data(), raw, bytes, cudaMemcpyDeviceToHost));
+    return v;
+  }
   std::vector<T> download(std::size_t n, std::size_t offset_bytes = 0) const {
     std::vector<T> v(n);
     KT_CUDA(cudaMemcpy(v.data(), static_cast<const char*>(raw) + offset_bytes, n * sizeof(T),
