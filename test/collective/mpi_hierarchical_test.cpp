@@ -410,6 +410,45 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("split_by_node: a rank that never calls makes the others time out, not hang") {
+  using namespace std::chrono_literals;
+  // A communicator of its own: the timeout marks it unusable.
+  const comm::mpi_comm mine = comm::mpi_comm::duplicate(MPI_COMM_WORLD);
+  const bool absent = world_rank() == world_size() - 1;
+  int kind = 0;  // 0 returned (or never called), 1 timeout_error, 2 another error
+  std::string what;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!absent) {
+    try {
+      comm::split_by_node(mine, world_rank() / 2, 1000ms);
+    } catch (const timeout_error& e) {
+      kind = 1;
+      what = e.what();
+    } catch (const std::exception& e) {
+      kind = 2;
+      what = e.what();
+    }
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  std::vector<int> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&kind, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r + 1 < world_size(); ++r) CHECK(all[static_cast<std::size_t>(r)] == 1);
+  if (!absent) {
+    INFO(what);
+    CHECK(took < 30s);  // the 1 s deadline, not forever
+    CHECK(what.find("split_by_node") != std::string::npos);
+    CHECK(mine.unusable());
+    CHECK_THROWS_AS(comm::split_by_node(mine, 0, 1000ms), invalid_argument);  // at once
+  } else {
+    // The absent rank joins the gather the others abandoned, so nothing stays pending.
+    std::vector<int> sink(static_cast<std::size_t>(world_size()) + 1);
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Iallgather(&sink.back(), 1, MPI_INT, sink.data(), 1, MPI_INT, mine.get(), &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 }  // namespace lowbit::test
 

@@ -3,7 +3,11 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstddef>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lowbit/comm/mpi_comm.hpp"
@@ -21,6 +25,38 @@ inline mpi_comm split_owned(MPI_Comm parent, int color, int key) {
   MPI_Comm_free(&c);
   return dup;
 }
+
+/// Every rank's `mine`, rank by rank (MPI_Iallgather), waiting at most `timeout` (zero: no
+/// deadline). On expiry `world` is marked unusable and lowbit::timeout_error names `who`:
+/// a rank that never calls cannot hang the others. Once it returns, every rank is in the
+/// call, so the blocking collectives after it complete.
+inline std::vector<int> allgather_within(const mpi_comm& world, int mine,
+                                         std::chrono::milliseconds timeout, const char* who) {
+  const std::size_t n = static_cast<std::size_t>(world.size());
+  // On the heap: a pending collective that timed out keeps its buffers, for good.
+  auto buf = std::make_unique<std::vector<int>>(n + 1);
+  (*buf)[n] = mine;
+  MPI_Request req = MPI_REQUEST_NULL;
+  LOWBIT_MPI_TRY(
+      MPI_Iallgather(&(*buf)[n], 1, MPI_INT, buf->data(), 1, MPI_INT, world.get(), &req));
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    LOWBIT_MPI_TRY(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return std::vector<int>(buf->begin(), buf->begin() + static_cast<std::ptrdiff_t>(n));
+    if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
+      static std::vector<std::unique_ptr<std::vector<int>>> abandoned;
+      abandoned.push_back(std::move(buf));
+      const std::string msg = std::string(who) + ": timed out after " +
+                              std::to_string(timeout.count()) +
+                              " ms waiting for every rank to call it; the communicator is now "
+                              "unusable";
+      world.mark_unusable(msg);
+      throw timeout_error(__FILE__, __LINE__, msg);
+    }
+    std::this_thread::yield();
+  }
+}
 }  // namespace detail
 
 /// Cuts `world` into node-local and rail communicators, taking ranks with the same
@@ -28,16 +64,20 @@ inline mpi_comm split_owned(MPI_Comm parent, int color, int key) {
 /// Collective over `world`. An explicit key lets a job choose its nodes (a launcher's
 /// GROUP_RANK, say) and lets tests build node shapes on one host; ranks of one node
 /// need not be contiguous in `world`. Throws lowbit::invalid_argument, on every rank,
-/// unless every node has the same number of ranks.
-inline node_comms<mpi_comm> split_by_node(const mpi_comm& world, int node_key) {
+/// unless every node has the same number of ranks; lowbit::timeout_error (and marks
+/// `world` unusable) when some rank has not called it within `timeout` (zero: no deadline).
+inline node_comms<mpi_comm> split_by_node(
+    const mpi_comm& world, int node_key,
+    std::chrono::milliseconds timeout = std::chrono::minutes(10)) {
   world.check("lowbit::comm::split_by_node");
   node_comms<mpi_comm> nc;
   MPI_Comm w = world.get();
   const int me = world.rank();
   // The key may be negative or huge, and MPI colours must be >= 0: a node's colour is
-  // its lowest parent rank.
-  std::vector<int> keys(static_cast<std::size_t>(world.size()));
-  LOWBIT_MPI_TRY(MPI_Allgather(&node_key, 1, MPI_INT, keys.data(), 1, MPI_INT, w));
+  // its lowest parent rank. The gather is the one wait with a deadline: after it every
+  // rank is here.
+  const std::vector<int> keys =
+      detail::allgather_within(world, node_key, timeout, "lowbit::comm::split_by_node");
   int first = me;
   for (int p = 0; p < world.size(); ++p)
     if (keys[static_cast<std::size_t>(p)] == node_key) {
@@ -62,8 +102,11 @@ inline node_comms<mpi_comm> split_by_node(const mpi_comm& world, int node_key) {
 
 /// The same with the nodes MPI sees: ranks that share memory (MPI_COMM_TYPE_SHARED) are
 /// one node.
-inline node_comms<mpi_comm> split_by_node(const mpi_comm& world) {
+inline node_comms<mpi_comm> split_by_node(
+    const mpi_comm& world, std::chrono::milliseconds timeout = std::chrono::minutes(10)) {
   world.check("lowbit::comm::split_by_node");
+  // Every rank present before the blocking split below.
+  detail::allgather_within(world, world.rank(), timeout, "lowbit::comm::split_by_node");
   MPI_Comm shared = MPI_COMM_NULL;
   LOWBIT_MPI_TRY(
       MPI_Comm_split_type(world.get(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &shared));
@@ -71,7 +114,7 @@ inline node_comms<mpi_comm> split_by_node(const mpi_comm& world) {
   int first = world.rank();
   LOWBIT_MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, shared));
   MPI_Comm_free(&shared);
-  return split_by_node(world, first);
+  return split_by_node(world, first, timeout);
 }
 
 }  // namespace lowbit::comm
