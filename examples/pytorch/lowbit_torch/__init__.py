@@ -21,5 +21,12 @@ def load():
     return extension()
 
 
-__all__ = ["AllGather", "DDPState", "ReduceScatter", "apply_fsdp", "communicator", "ddp_hook",
+def __getattr__(name):
+    # The exception class lives in the compiled module, built on first use.
+    if name == "AgreementError":
+        return load().AgreementError
+    raise AttributeError(f"module 'lowbit_torch' has no attribute {name!r}")
+
+
+__all__ = ["AgreementError", "AllGather", "DDPState", "ReduceScatter", "apply_fsdp", "communicator", "ddp_hook",
            "decode", "encode", "frame_bytes", "load", "release"]

@@ -130,6 +130,7 @@ def test_errors_are_clear(ext, one_rank_group):
     with pytest.raises(TypeError, match="float32 and bfloat16"):
         ext.ShardCollective.reduce_scatter(comm, torch.float16, 1024, 4, "zero", "nearest",
                                            "none", True, 0)
+    assert issubclass(lowbit_torch.AgreementError, RuntimeError)
     gloo = dist.new_group(backend="gloo")
     with pytest.raises(ValueError, match="gloo"):
         lowbit_torch.communicator(gloo)

@@ -77,6 +77,20 @@ def test_all_reduce_equals_the_codec_reference_on_both_ranks(ext, group, dtype, 
         assert torch.equal(a, b)
 
 
+def test_ranks_that_disagree_get_agreement_error_and_nothing_written(ext, group):
+    rank = dist.get_rank()
+    h = ext.AllReduce(lowbit_torch.communicator(), torch.float32, 4096, "zero", "nearest", "none",
+                      True, 0, 0, "automatic")
+    n = 1000 if rank == 0 else 1020  # the same blocks, so every frame has the same size
+    x = _inputs(n, torch.float32, rank)
+    out = torch.full_like(x, -7.0)
+    h.run(x, out, 4)  # asynchronous: the kernels find the disagreement in the headers
+    torch.cuda.synchronize()
+    assert torch.all(out == -7.0)
+    with pytest.raises(lowbit_torch.AgreementError, match="count"):
+        h.run(x, out, 4)  # the next call raises, on both ranks
+
+
 def test_residual_state_equals_the_reference_after_several_steps(ext, group):
     rank, n, seed = dist.get_rank(), 128 * 40 + 3, 9
     h = ext.AllReduce(lowbit_torch.communicator(), torch.float32, n, "zero", "nearest",

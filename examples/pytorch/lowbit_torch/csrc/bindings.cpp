@@ -11,7 +11,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace lowbit_torch;
   m.doc() = "lowbit's low-bit collectives and codec for PyTorch (the compiled part)";
 
-  // lowbit's errors as the Python exceptions a caller expects.
+  // lowbit's errors as the Python exceptions a caller expects. Ranks that disagree get an
+  // exception of their own (a RuntimeError), so a trainer can tell a program bug apart.
+  py::register_exception<lowbit::agreement_error>(m, "AgreementError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
