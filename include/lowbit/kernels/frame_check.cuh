@@ -94,8 +94,7 @@ __device__ __forceinline__ void record_mismatch(header_mismatch* r, int from,
 /// A warp's check of the headers `c` names, issued early and judged late. Each lane loads
 /// one 32-bit word of them (lane l: word l % 8 of header l / 8) when the probe is made, at
 /// the top of a kernel; agree() compares and votes where the warp first writes, so the
-/// load's latency hides behind the warp's first tile instead of delaying it (a check that
-/// waited for the headers up front cost 1-4 us per kernel on an H200).
+/// load's latency hides behind the warp's first tile instead of delaying it.
 class header_probe {
  public:
   __device__ __forceinline__ explicit header_probe(const header_check& c) {
@@ -116,7 +115,8 @@ class header_probe {
       if ((w & mask) != (expected(c.want, i / 8, i % 8) & mask) && i / 8 < first_bad)
         first_bad = i / 8;
     }
-    const int p = __reduce_min_sync(0xffffffffu, first_bad);
+    int p = first_bad;  // the warp's minimum (a shuffle tree: __reduce_min_sync is sm_80+)
+    for (int d = 16; d > 0; d /= 2) p = min(p, __shfl_xor_sync(0xffffffffu, p, d));
     if (p == c.count) return true;
     if (lane() == 0) {
       const lowbit::detail::frame_header got =
@@ -188,13 +188,17 @@ __global__ void stamp_kernel(header_check check, header_stamp stamp) {
   write_stamp(stamp, !agree);
 }
 
+/// Throws lowbit::invalid_argument, naming `what`, for headers a kernel could not read or
+/// write with vector accesses. (The messages are built only on failure: this runs on every
+/// launch.)
 inline void check_framing(const framing& f, const char* what) {
-  const std::string w(what);
-  LOWBIT_EXPECTS(f.check.count >= 0, w + ": header_check::count is negative");
+  LOWBIT_EXPECTS(f.check.count >= 0, std::string(what) + ": header_check::count is negative");
   LOWBIT_EXPECTS(f.check.count == 0 || (f.check.first != nullptr && aligned16(f.check.first) &&
                                         f.check.stride % 16 == 0),
-                 w + ": the headers to check must be 16-byte aligned, 16-byte multiples apart");
-  LOWBIT_EXPECTS(aligned16(f.stamp.at), w + ": header_stamp::at must be 16-byte aligned");
+                 std::string(what) +
+                     ": the headers to check must be 16-byte aligned, 16-byte multiples apart");
+  LOWBIT_EXPECTS(aligned16(f.stamp.at),
+                 std::string(what) + ": header_stamp::at must be 16-byte aligned");
 }
 
 }  // namespace detail
