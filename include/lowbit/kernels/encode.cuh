@@ -10,13 +10,13 @@
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/feedback/refs.hpp"
-#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/detail/group_encoder.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/staged_feedback.cuh"
 #include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "lowbit/kernels/detail/warp_tile.cuh"
+#include "lowbit/kernels/frame_check.cuh"
 #include "lowbit/kernels/launch_policy.cuh"
 
 namespace lowbit::kernels {
@@ -124,8 +124,8 @@ template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads,
                                   encode_traits<Codec, T, Feedback>::min_blocks)
     encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
-                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector,
-                  bool state_vector, header_stamp stamp) {
+                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector,
+                  header_stamp stamp) {
   using traits = encode_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;

@@ -125,8 +125,7 @@ struct call_check {
     std::string why = mismatch(got, want, from);
     if (!why.empty())
       note(from, std::move(why),
-           first_difference(got, want, static_cast<std::uint32_t>(from)) !=
-               header_field::poisoned);
+           first_difference(got, want, static_cast<std::uint32_t>(from)) != header_field::poisoned);
   }
   /// What a timeout says: the collective, its count and step, and who was waited for.
   std::string timeout_message(const std::string& waiting_for) const {
