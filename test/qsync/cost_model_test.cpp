@@ -271,6 +271,32 @@ TEST_CASE("memory: what code between the ops saved is taken at the ambient preci
   REQUIRE(memory_bytes(op_graph({v, o}), {P::fp32, P::fp16}, 0, 0, P::fp16).activations == 4000);
 }
 
+TEST_CASE("memory: an op's measured scratch counts where it runs, less what is freed by then") {
+  // a -> b -> c, 1000 outputs each, each saving 4000 bytes at fp32. Backward runs c, b,
+  // a: when b runs, c's 4000 saved bytes are free, when a runs, b's and c's.
+  using P = precision;
+  std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
+                         linear_op("c", {"b"}, 10, 0, 1000)};
+  for (op& o : ops) o.saved_bytes[index_of(P::fp32)] = 4000;
+  const std::vector<P> fp32(3, P::fp32);
+  const double base = memory_bytes(op_graph(ops), fp32, 0).workspace;
+  REQUIRE(base == 8000);  // c's gradient pair, nothing freed yet
+  // b's 20000 bytes of scratch with c's 4000 freed: 8000 + 20000 - 4000.
+  ops[1].workspace_bytes[index_of(P::fp32)] = 20000;
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 24000);
+  // The same scratch on a: b's and c's freed.
+  ops[1].workspace_bytes[index_of(P::fp32)] = -1;
+  ops[0].workspace_bytes[index_of(P::fp32)] = 20000;
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 20000);
+  // Scratch measured at fp32 only: a plan at fp16 takes none, and the library workspace
+  // (MiB) comes on top.
+  REQUIRE(memory_bytes(op_graph(ops), std::vector<P>(3, P::fp16), 0, 1).workspace ==
+          1024.0 * 1024.0 + 2 * 1000 * 2);
+  // Scratch no larger than what is freed by then adds nothing.
+  ops[0].workspace_bytes[index_of(P::fp32)] = 1000;
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == base);
+}
+
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   op ln;
   ln.name = "ln";

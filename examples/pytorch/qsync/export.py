@@ -246,6 +246,77 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     return records
 
 
+def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
+                     device_type: str = "cuda") -> Dict[str, float]:
+    """Runs ``step`` once under ``precision`` with backward and returns, per op, the
+    transient bytes it allocated and freed within its forward or its backward call (the
+    larger): a convolution's cuDNN workspace, a GEMM's scratch, temporaries. The peak of
+    the CUDA caching allocator is reset as each op starts and read as it ends; its
+    excess over what is still allocated at the end is the op's scratch. The forward is
+    bracketed by the leaf module's hooks, the backward by hooks on the autograd node
+    that made the module's output (the op's own backward for the single-kernel leaf
+    modules). Empty where the device is not CUDA (the caching allocator's statistics
+    are CUDA's). Run it after a few warm steps, so that one-time allocations (cuDNN's
+    plans, cuBLAS's workspace) are not taken for an op's scratch."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return {}
+    cuda = torch.cuda
+    scratch: Dict[str, float] = {}
+    start: Dict[str, int] = {}
+    calls = _Calls(model)
+    handles, node_hooks = [], []
+
+    def begin(op):
+        cuda.reset_peak_memory_stats()
+        start[op] = cuda.memory_allocated()
+
+    def end(op):
+        extra = cuda.max_memory_allocated() - max(start[op], cuda.memory_allocated())
+        scratch[op] = max(scratch.get(op, 0.0), float(max(0, extra)))
+
+    def pre(name):
+        def hook(m, args):
+            op = calls.next(m, name)
+            m._lowbit_ws_op = op
+            begin(op)
+        return hook
+
+    def post(name):
+        def hook(m, args, out):
+            op = m._lowbit_ws_op
+            end(op)
+            fns = {t.grad_fn for t in _tensors(out) if t.grad_fn is not None}
+            for fn in fns:
+                node_hooks.append(fn.register_prehook(lambda g, op=op: begin(op)))
+                node_hooks.append(fn.register_hook(lambda gi, go, op=op: end(op)))
+        return hook
+
+    for name, m in leaf_modules(model):
+        handles.append(m.register_forward_pre_hook(pre(name)))
+        handles.append(m.register_forward_hook(post(name)))
+    try:
+        model.zero_grad(set_to_none=True)
+        with precision_context(precision, device_type):
+            loss = step()
+        loss.backward()
+        cuda.synchronize()
+        model.zero_grad(set_to_none=True)
+    finally:
+        for h in handles + node_hooks:
+            h.remove()
+        calls.remove()
+        for _, m in leaf_modules(model):
+            m.__dict__.pop("_lowbit_ws_op", None)
+    return scratch
+
+
+def merge_workspace(records: Dict[str, dict], precision: str, scratch: Dict[str, float]) -> None:
+    """Adds ``record_workspace``'s bytes at ``precision`` to the records."""
+    for op, b in scratch.items():
+        if op in records:
+            records[op].setdefault("workspace_bytes", {})[precision] = b
+
+
 def merge_saved_bytes(base: Dict[str, dict], other: Dict[str, dict]) -> None:
     """Adds ``other``'s saved bytes (another precision's recording) into ``base``."""
     for op, r in other.items():

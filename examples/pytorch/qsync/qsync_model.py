@@ -6,7 +6,7 @@
     {"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb",
      "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
               "param_numel", "inputs": [...], "saved_bytes": {"fp32": B, ...},
-              "stats": {...}}]}
+              "workspace_bytes": {"fp32": B, ...}, "stats": {...}}]}
 
 and PyTorch-profiler traces in which op ``N`` is timed by ``user_annotation`` ranges
 ``N`` (forward) and ``N.backward``. The torch half (``export.py``) records one entry per
@@ -99,8 +99,10 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     """The model JSON lowbit-plan reads, from per-op records (what export.py collects:
     ``{op_name: {"kind" or "module_class", "flops", "bytes", "output_numel",
     "saved_bytes": {precision: bytes}, "input_cast_bytes": {precision: bytes},
-    "code_saved_bytes": {precision: bytes}, "param_numel", "inputs", "via_code", "stats", "order"}}``; "via_code" lists the inputs that reach the op through code between the
-    ops rather than as the producer's own output).
+    "code_saved_bytes": {precision: bytes}, "workspace_bytes": {precision: bytes},
+    "param_numel", "inputs", "via_code", "stats", "order"}}``; "via_code" lists the inputs
+    that reach the op through code between the ops rather than as the producer's own
+    output).
 
     Ops are in the records' forward order. With a trace (a profile of the same
     program), the ops that ran in it must come in the same order, else the records and
@@ -139,7 +141,7 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
         }
         if saved:
             o["saved_bytes"] = saved
-        for key in ("input_cast_bytes", "code_saved_bytes"):
+        for key in ("input_cast_bytes", "code_saved_bytes", "workspace_bytes"):
             part = {p: float(b) for p, b in (r.get(key) or {}).items()
                     if p in PRECISIONS and b > 0}
             if part:

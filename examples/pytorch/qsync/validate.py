@@ -14,7 +14,8 @@ seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
    (``traces/<case>_<p>.json.gz``) and without (``traces/<case>_<p>_plain.json.gz``),
    and times ``--host-iters`` steps' host side without any profiler
    (``traces/<case>_<p>_host.json.gz``, the host truth the allocator's plans are made
-   with);
+   with), and measures each op's scratch per precision (export.record_workspace: the
+   bytes it allocates and frees within its forward or backward call);
 3. writes the plans (uniform fp32/fp16/bf16, two mixed plans by rule, and with
    ``--lowbit-plan`` the allocator's plans at two targets) to ``plans/``;
 4. runs every plan un-instrumented in ``--rounds`` rounds: each round times
@@ -300,6 +301,12 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
                              lambda p=p: ex.precision_context(p, device))
         for _ in range(2):
             step()  # optimizer state and allocator warm before profiling
+        scratch = ex.record_workspace(model, forward_loss, p, device)
+        ex.merge_workspace(records, p, scratch)
+        if scratch:
+            top = max(scratch, key=scratch.get)
+            log("%s: %s scratch: largest %.1f MiB (%s), %d ops with any" % (
+                name, p, scratch[top] / 2**20, top, sum(b > 0 for b in scratch.values())))
         with tempfile.TemporaryDirectory() as tmp:
             raw = os.path.join(tmp, "t.json")
             with ex.instrument(model):
@@ -327,6 +334,10 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
         log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
+    for o in model_json["ops"]:  # measured per precision in the loop, after the JSON
+        ws = {p: b for p, b in records[o["name"]].get("workspace_bytes", {}).items() if b > 0}
+        if ws:
+            o["workspace_bytes"] = ws
     mpath = os.path.join(out, "%s.model.json" % name)
     qm.write_json(mpath, model_json)
 

@@ -201,7 +201,7 @@ struct memory_breakdown {
   double activations = 0.0;    ///< saved activations at each op's precision
   double weight_copies = 0.0;  ///< autocast's low-precision weight copies, saved for backward
   double cast_copies = 0.0;    ///< edge casts' outputs saved for backward (cast_saves_copy)
-  double workspace = 0.0;      ///< library workspace plus the largest gradient pair in flight
+  double workspace = 0.0;      ///< library workspace plus the largest gradients and scratch in flight
   /// Everything together, bytes.
   double total() const noexcept {
     return weights + gradients + optimizer + activations + weight_copies + cast_copies + workspace;
@@ -270,10 +270,12 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// low-precision conv or linear (copies_weights) at that width until backward has used
 /// it. An edge cast whose output the consumer saves where the profile shared the input adds
 /// that output (cast_saves_copy; one input per op, two for a matmul). The workspace is
-/// `workspace_mib` plus the gradients in flight at the worst point of backward: walking ops in
-/// reverse, op i holds its incoming and outgoing gradient (twice its output at its width) while
-/// what the ops before it in backward saved has been freed, so the term is max_i (2 out_i w_i -
-/// freed before i), at least 0. With `ambient` (the cast_rule::ambient of lowbit's plan
+/// `workspace_mib` plus what is in flight at the worst point of backward: walking ops in
+/// reverse, op i holds its incoming and outgoing gradient (twice its output at its width) and
+/// its measured transient bytes (op::workspace_bytes) while what the ops before it in backward
+/// saved has been freed, so the term is max_i (2 out_i w_i + scratch_i - freed before i), at
+/// least 0. An op's forward scratch is taken at the same point: the activations saved after
+/// it in forward are those freed before it in backward. With `ambient` (the cast_rule::ambient of lowbit's plan
 /// applier) an input through code between the ops (op::via_code) arrives at the ambient
 /// precision, whatever its producer ran at: it is a copy only where the op runs at
 /// another width than the ambient one; what that code saved after an op
@@ -323,7 +325,8 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     m.activations += saved;
     m.weight_copies += copy;
     m.cast_copies += casts;
-    in_flight = std::max(in_flight, 2.0 * o.output_numel * width - freed);
+    const double scratch = std::max(0.0, o.workspace_bytes[index_of(p)]);
+    in_flight = std::max(in_flight, 2.0 * o.output_numel * width + scratch - freed);
     freed += saved + copy + casts;
   }
   m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;

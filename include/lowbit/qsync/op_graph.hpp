@@ -128,6 +128,11 @@ struct op {
   /// or absent where none. lowbit's plan applier runs that code at the ambient
   /// precision, so the memory model takes this part from the ambient profile.
   std::array<double, precision_count> code_saved_bytes = detail::unmeasured();
+  /// Transient bytes the op allocates and frees within one call (a convolution's cuDNN
+  /// workspace, a GEMM's scratch, temporaries), the larger of its forward and backward,
+  /// measured at each precision; negative where not measured. At a small batch they can
+  /// be the largest share of the peak above the weights and optimizer state.
+  std::array<double, precision_count> workspace_bytes = detail::unmeasured();
 
   /// True when the op owns parameters (so it has a gradient to all-reduce, and it is a
   /// decision of the allocator; parameter-free ops follow their first input).

@@ -89,15 +89,15 @@ inline training_model model_from_json(const nlohmann::json& j) {
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
       if (x.contains("via_code")) o.via_code = x["via_code"].get<std::vector<std::string>>();
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
-      if (x.contains("saved_bytes"))
-        for (const auto& [pn, v] : x["saved_bytes"].items())
-          o.saved_bytes[index_of(parse_precision(pn))] = v.get<double>();
-      if (x.contains("input_cast_bytes"))
-        for (const auto& [pn, v] : x["input_cast_bytes"].items())
-          o.input_cast_bytes[index_of(parse_precision(pn))] = v.get<double>();
-      if (x.contains("code_saved_bytes"))
-        for (const auto& [pn, v] : x["code_saved_bytes"].items())
-          o.code_saved_bytes[index_of(parse_precision(pn))] = v.get<double>();
+      // Measured bytes per precision: {"fp32": B, "bf16": B}.
+      const auto per_precision = [&](const char* key, std::array<double, precision_count>& to) {
+        if (x.contains(key))
+          for (const auto& [pn, v] : x[key].items()) to[index_of(parse_precision(pn))] = v.get<double>();
+      };
+      per_precision("saved_bytes", o.saved_bytes);
+      per_precision("input_cast_bytes", o.input_cast_bytes);
+      per_precision("code_saved_bytes", o.code_saved_bytes);
+      per_precision("workspace_bytes", o.workspace_bytes);
       if (x.contains("stats")) {
         const auto& s = x["stats"];
         o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);
