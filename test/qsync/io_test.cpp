@@ -34,17 +34,21 @@ TEST_CASE("trace loader: kernels matched to user ranges by correlation, averaged
   REQUIRE(r.occurrences.at("fc1") == 2);
   // 1510 us of kernels over two ProfilerSteps; the ops' ranges hold 715 us of each.
   REQUIRE(r.kernel_ms == Approx(0.755));
+  // Kernels that were queued start 10 us after the device's last one ended.
+  REQUIRE(r.dispatch_gap_ms == Approx(0.010));
 
   const training_model m = tiny_model();
   std::vector<std::string> skipped;
   const measured_table t = measured_from_trace(trace, precision::fp32, m.graph, &skipped);
-  REQUIRE(t.find("fc1", precision::fp32)->forward_ms == Approx(0.130));
-  REQUIRE(t.find("fc1", precision::fp32)->backward_ms == Approx(0.210));
+  // An op's time is its kernels' and their dispatch gaps: fc1's one kernel, 130 us on
+  // average, and 10 us.
+  REQUIRE(t.find("fc1", precision::fp32)->forward_ms == Approx(0.140));
+  REQUIRE(t.find("fc1", precision::fp32)->backward_ms == Approx(0.220));  // 210 + 10 us
   REQUIRE(t.find("relu", precision::fp32)->backward_ms == -1);  // not traced: roofline
   REQUIRE(t.find("fc1", precision::fp16) == nullptr);
   REQUIRE(std::find(skipped.begin(), skipped.end(), "ProfilerStep#1") != skipped.end());
   const cost_model cm(t4(), t);
-  REQUIRE(cm.time(m.graph.at(1), precision::fp32).forward_ms == Approx(0.030));
+  REQUIRE(cm.time(m.graph.at(1), precision::fp32).forward_ms == Approx(0.040));  // relu: 30 + 10 us
   REQUIRE(cm.time(m.graph.at(1), precision::fp32).backward_ms > 0);
 }
 
@@ -93,6 +97,37 @@ TEST_CASE(
   view.inputs = {"conv"};
   const op_graph g({conv, view});
   REQUIRE(tail_ms(r, g) == Approx(0.040));
+}
+
+TEST_CASE("trace loader: the device's dispatch gap, from kernels that waited for the GPU") {
+  // Four kernels of "mm" on one stream, all launched by ts 5. The device idles 2 us before
+  // k2, 4 us before k3 (queued: both gaps are the device's), then 50 us before k4, which
+  // was launched only at ts 150 (the host's gap, not counted). The median of {2, 4} (the
+  // upper one) is 4 us; "mm" keeps the stream busy for its 40 us of kernels plus 4 us each.
+  const json trace = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 300, "pid": 0, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "mm", "ts": 1, "dur": 160, "pid": 0, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 2, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 1}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 3, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 2}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 4, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 3}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 150, "dur": 1, "pid": 0, "tid": 1, "args": {"correlation": 4}},
+    {"ph": "X", "cat": "kernel", "name": "k1", "ts": 10, "dur": 10, "pid": 1, "tid": 7, "args": {"correlation": 1}},
+    {"ph": "X", "cat": "kernel", "name": "k2", "ts": 22, "dur": 10, "pid": 1, "tid": 7, "args": {"correlation": 2}},
+    {"ph": "X", "cat": "kernel", "name": "k3", "ts": 36, "dur": 10, "pid": 1, "tid": 7, "args": {"correlation": 3}},
+    {"ph": "X", "cat": "kernel", "name": "k4", "ts": 160, "dur": 10, "pid": 1, "tid": 7, "args": {"correlation": 4}}
+  ]})");
+  const trace_ranges r = read_trace_ranges(trace);
+  REQUIRE(r.dispatch_gap_ms == Approx(0.004));
+  REQUIRE(r.kernels.at("mm") == 4);
+  REQUIRE(r.kernels_per_iteration == 4);
+  REQUIRE(r.gpu_ms.at("mm") == Approx(0.040));
+  REQUIRE(r.busy_ms("mm") == Approx(0.056));
+  op mm;
+  mm.name = "mm";
+  const op_graph g({mm});
+  REQUIRE(measured_from_trace(trace, precision::fp32, g).find("mm", precision::fp32)->forward_ms ==
+          Approx(0.056));
+  REQUIRE(tail_ms(r, g) == Approx(0.0));
 }
 
 TEST_CASE(
@@ -151,7 +186,8 @@ TEST_CASE("cluster JSON: built-ins, overrides, a trace and a measured table") {
   REQUIRE(c.link.latency_ms == 0.05);
   REQUIRE(c.groups[0].device.name == "T4");
   REQUIRE(c.groups[0].device.memory_gib == 15);
-  REQUIRE(c.groups[0].measured.find("fc2", precision::fp32)->forward_ms == Approx(0.105));
+  // fc2's two kernels (105 us) and their two 10 us dispatch gaps.
+  REQUIRE(c.groups[0].measured.find("fc2", precision::fp32)->forward_ms == Approx(0.125));
   REQUIRE(c.groups[1].measured.find("fc1", precision::fp16)->backward_ms == 0.04);
   REQUIRE_THROWS_WITH(
       cluster_from_json(json::parse(R"({"link": "nvlink4", "groups": [{"device": "TPU"}]})"),

@@ -37,7 +37,10 @@ TEST_CASE("a real H200 trace (fp32, gzipped): kernels by correlation id, tail, h
   REQUIRE(r.iterations == 1);
   // 382 kernels, each matched to its launch by correlation id.
   REQUIRE(r.kernel_ms == Approx(47.292503));
-  REQUIRE(tail_ms(r, m.graph) == Approx(1.306426));
+  // The device's dispatch gap: the median of 279 idle spells before queued kernels.
+  REQUIRE(r.dispatch_gap_ms == Approx(0.0013115234375));
+  // 1.306426 ms of the 25 kernels outside the ops' ranges, and their 25 gaps.
+  REQUIRE(tail_ms(r, m.graph) == Approx(1.306426 + 25 * 0.0013115234375));
   REQUIRE(r.gpu_ms.at("conv1") == Approx(2.451801));
   REQUIRE(r.gpu_ms.at("conv1.backward") == Approx(2.005786));  // autograd's thread
   REQUIRE(r.gpu_ms.at("layers.0.conv1") == Approx(0.483807));
@@ -65,9 +68,10 @@ TEST_CASE("a real H200 trace (fp32, gzipped): kernels by correlation id, tail, h
   }
   const tail_time* tail = t.find_tail(precision::fp32);
   REQUIRE(tail != nullptr);
-  REQUIRE(tail->gpu_ms == Approx(1.306426));
+  REQUIRE(tail->gpu_ms == Approx(1.306426 + 25 * 0.0013115234375));
   REQUIRE(ops + tail->cpu_ms == Approx(13.0774645).epsilon(1e-6));
-  REQUIRE(t.find("conv1", precision::fp32)->forward_ms == Approx(2.451801));
+  // conv1's 2.451801 ms of kernels, four of them, each with its dispatch gap.
+  REQUIRE(t.find("conv1", precision::fp32)->forward_ms == Approx(2.451801 + 4 * 0.0013115234375));
 }
 
 TEST_CASE("a real H200 trace (bf16, gzipped) is a second profile of the same group") {
@@ -76,7 +80,8 @@ TEST_CASE("a real H200 trace (bf16, gzipped) is a second profile of the same gro
   const trace_ranges r = read_trace_ranges(trace);
   REQUIRE(r.iterations == 1);
   REQUIRE(r.kernel_ms == Approx(44.831928));  // 470 kernels
-  REQUIRE(tail_ms(r, m.graph) == Approx(0.727867));
+  REQUIRE(r.dispatch_gap_ms == Approx(0.001248046875));
+  REQUIRE(tail_ms(r, m.graph) == Approx(0.727867 + 27 * 0.001248046875));  // 27 kernels
   REQUIRE(r.gpu_ms.at("conv1") == Approx(2.540763));
   REQUIRE(r.gpu_ms.at("layers.0.conv1.backward") == Approx(0.643359));
   REQUIRE(r.host_ms == Approx(29.565700));
@@ -85,9 +90,9 @@ TEST_CASE("a real H200 trace (bf16, gzipped) is a second profile of the same gro
   add_profile(t, read_json_file(data_dir + "/qsync_h200_cnn_fp32_trace.json.gz"), precision::fp32,
               m.graph);
   add_profile(t, trace, precision::bf16, m.graph);
-  REQUIRE(t.find("conv1", precision::fp32)->forward_ms == Approx(2.451801));
-  REQUIRE(t.find("conv1", precision::bf16)->forward_ms == Approx(2.540763));
-  REQUIRE(t.find_tail(precision::bf16)->gpu_ms == Approx(0.727867));
+  REQUIRE(t.find("conv1", precision::fp32)->forward_ms == Approx(2.451801 + 4 * 0.0013115234375));
+  REQUIRE(t.find("conv1", precision::bf16)->forward_ms == Approx(2.540763 + 6 * 0.001248046875));
+  REQUIRE(t.find_tail(precision::bf16)->gpu_ms == Approx(0.727867 + 27 * 0.001248046875));
 }
 #else
 TEST_CASE("real H200 traces (gzipped): skipped, built without zlib") {

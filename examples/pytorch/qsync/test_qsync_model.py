@@ -51,6 +51,7 @@ RECORDS = {
              "flops": 2e6, "bytes": 3e4, "inputs": [], "order": 0,
              "saved_bytes": {"fp32": 12288, "bf16": 6144},
              "input_cast_bytes": {"fp32": 0.0, "bf16": 6144},
+             "workspace_bytes": {"fp32": 2.0**20, "bf16": 0.0},
              "stats": {"weight_norm": 1.0, "input_numel": 3072, "grad_output_absmax": None}},
     "relu": {"module_class": "ReLU", "param_numel": 0, "output_numel": 4096,
              "inputs": ["conv", "conv"], "order": 1, "saved_bytes": {"fp32": 16384},
@@ -92,6 +93,8 @@ class ModelJson(unittest.TestCase):
         self.assertNotIn("input_cast_bytes", relu)
         self.assertEqual(relu["code_saved_bytes"], {"fp32": 4096.0})
         self.assertNotIn("code_saved_bytes", conv)
+        self.assertEqual(conv["workspace_bytes"], {"fp32": 2.0**20})  # scratch, zeros left out
+        self.assertNotIn("workspace_bytes", relu)
         self.assertEqual(relu["inputs"], ["conv"])  # deduplicated
         self.assertEqual(relu2["inputs"], ["relu"])  # unknown producers dropped
         self.assertNotIn("via_code", relu)  # only the producer's own output
