@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include <lowbit/comm/mpi_bootstrap.hpp>
 #include <lowbit/lowbit.cuh>
 
+#include "compiled_instances.hpp"
 #include "perf.hpp"
 
 namespace lowbit_perf {
@@ -145,17 +147,30 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+/// dispatch<T, Bits> where this build compiled it (LOWBIT_PERF_INSTANCES), else an error
+/// that says so.
+template <class T, int Bits>
+bool dispatch_compiled(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
+  if constexpr (compiled<T, Bits>::value) {
+    return dispatch<T, Bits>(o, comm, csv);
+  } else {
+    throw std::runtime_error("this lowbit-perf was built without type " + o.dtype + " at " +
+                             std::to_string(Bits) +
+                             " bits; configure with -DLOWBIT_PERF_INSTANCES=all");
+  }
+}
+
 template <class T>
 bool dispatch_bits(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   switch (o.bits) {
     case 1:
-      return dispatch<T, 1>(o, comm, csv);
+      return dispatch_compiled<T, 1>(o, comm, csv);
     case 2:
-      return dispatch<T, 2>(o, comm, csv);
+      return dispatch_compiled<T, 2>(o, comm, csv);
     case 4:
-      return dispatch<T, 4>(o, comm, csv);
+      return dispatch_compiled<T, 4>(o, comm, csv);
     case 8:
-      return dispatch<T, 8>(o, comm, csv);
+      return dispatch_compiled<T, 8>(o, comm, csv);
     default:
       return false;
   }
