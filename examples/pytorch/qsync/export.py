@@ -263,6 +263,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     cuda = torch.cuda
     scratch: Dict[str, float] = {}
     start: Dict[str, int] = {}
+    running: Dict[int, str] = {}  # id(module) -> the op its current call is
     calls = _Calls(model)
     handles, node_hooks = [], []
 
@@ -277,13 +278,13 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     def pre(name):
         def hook(m, args):
             op = calls.next(m, name)
-            m._lowbit_ws_op = op
+            running[id(m)] = op
             begin(op)
         return hook
 
     def post(name):
         def hook(m, args, out):
-            op = m._lowbit_ws_op
+            op = running.pop(id(m))
             end(op)
             fns = {t.grad_fn for t in _tensors(out) if t.grad_fn is not None}
             for fn in fns:
@@ -305,8 +306,6 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
         for h in handles + node_hooks:
             h.remove()
         calls.remove()
-        for _, m in leaf_modules(model):
-            m.__dict__.pop("_lowbit_ws_op", None)
     return scratch
 
 

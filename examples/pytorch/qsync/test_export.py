@@ -1,0 +1,98 @@
+"""CPU tests of export.py's measurements that need torch but no GPU:
+
+    python3 -m pytest examples/pytorch/qsync/test_export.py   (or python3 FILE)
+
+record_workspace reads the CUDA caching allocator's statistics; here a fake allocator
+stands in for them, and modules whose forward and backward allocate and free known
+scratch check that each op gets the larger of its two, under its call name."""
+
+import os
+import sys
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import torch
+    import torch.nn as nn
+except ImportError:
+    torch = None
+
+
+class FakeAllocator:
+    """memory_allocated / max_memory_allocated / reset_peak_memory_stats of one device."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+
+    def spike(self, n):  # allocate n bytes and free them again
+        self.peak = max(self.peak, self.now + n)
+
+    def keep(self, n):  # allocate n bytes that stay (an output)
+        self.now += n
+        self.peak = max(self.peak, self.now)
+
+    def reset(self):
+        self.peak = self.now
+
+
+if torch is not None:
+    ALLOC = FakeAllocator()
+
+    class Spiky(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fwd, bwd):
+            ALLOC.keep(100)  # its output, allocated first (as a convolution's), stays
+            ALLOC.spike(fwd)
+            ctx.bwd = bwd
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            ALLOC.spike(ctx.bwd)
+            return g * 2, None, None
+
+    class Op(nn.Module):
+        def __init__(self, fwd, bwd):
+            super().__init__()
+            self.fwd, self.bwd = fwd, bwd
+
+        def forward(self, x):
+            return Spiky.apply(x, self.fwd, self.bwd)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class RecordWorkspace(unittest.TestCase):
+    def test_scratch_per_op_forward_or_backward(self):
+        import export as ex
+
+        shared = Op(300, 50)  # called twice: two ops, "b" and "b#2"
+        model = nn.Sequential()
+        model.add_module("a", Op(1000, 4000))
+        model.add_module("b", shared)
+        model.add_module("c", Op(0, 0))
+        model.add_module("d", shared)
+        x = torch.ones(4, requires_grad=True)
+        ALLOC.__init__()
+        with mock.patch.multiple(torch.cuda, is_available=lambda: True,
+                                 memory_allocated=lambda: ALLOC.now,
+                                 max_memory_allocated=lambda: ALLOC.peak,
+                                 reset_peak_memory_stats=ALLOC.reset,
+                                 synchronize=lambda: None):
+            got = ex.record_workspace(model, lambda: model(x).sum(), "fp32", device_type="cuda")
+        self.assertEqual(got, {"a": 4000.0, "b": 300.0, "c": 0.0, "b#2": 300.0})
+        self.assertEqual(ex.record_workspace(model, lambda: model(x).sum(), "fp32",
+                                             device_type="cpu"), {})
+
+    def test_merge_into_records(self):
+        import export as ex
+
+        records = {"a": {"saved_bytes": {"fp32": 1.0}}, "b": {}}
+        ex.merge_workspace(records, "bf16", {"a": 10.0, "zzz": 5.0})
+        self.assertEqual(records["a"]["workspace_bytes"], {"bf16": 10.0})
+        self.assertNotIn("workspace_bytes", records["b"])
+
+
+if __name__ == "__main__":
+    unittest.main()
