@@ -44,7 +44,7 @@ TEST_CASE("trace loader: kernels matched to user ranges by correlation, averaged
   // average, and 10 us.
   REQUIRE(t.find("fc1", precision::fp32)->forward_ms == Approx(0.140));
   REQUIRE(t.find("fc1", precision::fp32)->backward_ms == Approx(0.220));  // 210 + 10 us
-  REQUIRE(t.find("relu", precision::fp32)->backward_ms == -1);  // not traced: roofline
+  REQUIRE(t.find("relu", precision::fp32)->backward_ms == -1);            // not traced: roofline
   REQUIRE(t.find("fc1", precision::fp16) == nullptr);
   REQUIRE(std::find(skipped.begin(), skipped.end(), "ProfilerStep#1") != skipped.end());
   const cost_model cm(t4(), t);

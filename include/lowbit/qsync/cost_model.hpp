@@ -201,7 +201,7 @@ struct memory_breakdown {
   double activations = 0.0;    ///< saved activations at each op's precision
   double weight_copies = 0.0;  ///< autocast's low-precision weight copies, saved for backward
   double cast_copies = 0.0;    ///< edge casts' outputs saved for backward (cast_saves_copy)
-  double workspace = 0.0;      ///< library workspace plus the largest gradients and scratch in flight
+  double workspace = 0.0;      ///< library workspace, gradients and scratch in flight
   /// Everything together, bytes.
   double total() const noexcept {
     return weights + gradients + optimizer + activations + weight_copies + cast_copies + workspace;
@@ -275,13 +275,12 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// its measured transient bytes (op::workspace_bytes) while what the ops before it in backward
 /// saved has been freed, so the term is max_i (2 out_i w_i + scratch_i - freed before i), at
 /// least 0. An op's forward scratch is taken at the same point: the activations saved after
-/// it in forward are those freed before it in backward. With `ambient` (the cast_rule::ambient of lowbit's plan
-/// applier) an input through code between the ops (op::via_code) arrives at the ambient
-/// precision, whatever its producer ran at: it is a copy only where the op runs at
-/// another width than the ambient one; what that code saved after an op
-/// (op::code_saved_bytes) is taken at the ambient precision; and autocast's per-consumer
-/// casts of an input, which the applier makes one shared copy, count once
-/// (shared_input_casts).
+/// it in forward are those freed before it in backward. With `ambient` (the cast_rule::ambient of
+/// lowbit's plan applier) an input through code between the ops (op::via_code) arrives at the
+/// ambient precision, whatever its producer ran at: it is a copy only where the op runs at another
+/// width than the ambient one; what that code saved after an op (op::code_saved_bytes) is taken at
+/// the ambient precision; and autocast's per-consumer casts of an input, which the applier makes
+/// one shared copy, count once (shared_input_casts).
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0,
                                      std::optional<precision> ambient = std::nullopt) {

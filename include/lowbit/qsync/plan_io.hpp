@@ -92,7 +92,8 @@ inline training_model model_from_json(const nlohmann::json& j) {
       // Measured bytes per precision: {"fp32": B, "bf16": B}.
       const auto per_precision = [&](const char* key, std::array<double, precision_count>& to) {
         if (x.contains(key))
-          for (const auto& [pn, v] : x[key].items()) to[index_of(parse_precision(pn))] = v.get<double>();
+          for (const auto& [pn, v] : x[key].items())
+            to[index_of(parse_precision(pn))] = v.get<double>();
       };
       per_precision("saved_bytes", o.saved_bytes);
       per_precision("input_cast_bytes", o.input_cast_bytes);

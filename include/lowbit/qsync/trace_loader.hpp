@@ -54,8 +54,8 @@ struct trace_ranges {
   /// The device's own gap between two kernels, ms: the median, over the idle spells of a
   /// device that end with a kernel launched before the spell began (so the kernel waited
   /// for the GPU, not for the host), of the spell's length (up to 20 us). 0 where no kernel
-  /// was queued. On one H200 with torch 2.11 it is 1.2-1.4 us. Every kernel pays it, also where the host keeps
-  /// ahead; busy_ms() adds it to a range's kernel time.
+  /// was queued. On one H200 with torch 2.11 it is 1.2-1.4 us. Every kernel pays it, also where the
+  /// host keeps ahead; busy_ms() adds it to a range's kernel time.
   double dispatch_gap_ms = 0;
   /// The GPU time range `name` keeps its stream busy per occurrence: its kernels' time
   /// plus a dispatch gap each, ms.
@@ -206,14 +206,14 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   // Launches per thread as (ts, correlation), sorted below so that each range finds its
   // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
   std::map<std::string, std::vector<std::pair<double, long long>>> launches;
-  std::map<long long, double> kernels;  // correlation -> summed kernel time
-  std::map<long long, int> kernel_count;  // correlation -> kernels
+  std::map<long long, double> kernels;     // correlation -> summed kernel time
+  std::map<long long, int> kernel_count;   // correlation -> kernels
   std::map<long long, double> launch_end;  // correlation -> end of its runtime call
   struct kernel_event {
     double ts, dur;
     long long correlation;
   };
-  std::map<std::string, std::vector<kernel_event>> devices;  // device -> kernels
+  std::map<std::string, std::vector<kernel_event>> devices;             // device -> kernels
   std::map<std::string, std::vector<std::pair<double, double>>> syncs;  // thread -> (ts, dur)
   std::map<std::string, std::vector<double>> activity;  // thread -> host event starts
   for (std::size_t n = 0; n < events->size(); ++n) {
@@ -344,7 +344,8 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
 inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
   double ops = 0;
   for (const auto& [name, ms] : r.gpu_ms)
-    if (graph.find(detail::op_of_range(name).first)) ops += r.busy_ms(name) * r.occurrences.at(name);
+    if (graph.find(detail::op_of_range(name).first))
+      ops += r.busy_ms(name) * r.occurrences.at(name);
   ops /= std::max(r.iterations, 1);
   return std::max(0.0, r.kernel_ms + r.kernels_per_iteration * r.dispatch_gap_ms - ops);
 }
