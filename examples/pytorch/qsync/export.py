@@ -59,6 +59,24 @@ class _Calls:
         self.handle.remove()
 
 
+@contextlib.contextmanager
+def _leaf_hooks(model: torch.nn.Module, pre, post):
+    """Forward pre-hook ``pre(name)`` and hook ``post(name)`` on every leaf module, and a
+    per-iteration call counter (_Calls), for the duration of the block; yields the
+    counter."""
+    calls = _Calls(model)
+    handles = []
+    for name, m in leaf_modules(model):
+        handles.append(m.register_forward_pre_hook(pre(name)))
+        handles.append(m.register_forward_hook(post(name)))
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+        calls.remove()
+
+
 def _tensors(x) -> List[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         return [x]
@@ -127,8 +145,6 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     last: List[Optional[str]] = [None]
     seen_storage = set()
     order = [0]
-    calls = _Calls(model)
-    handles = []
     grad_hooks = []
 
     def producers_of(inputs):
@@ -220,12 +236,10 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 records[op]["input_cast_bytes"][precision] += float(size)
         return t
 
-    for name, m in leaf_modules(model):
-        handles.append(m.register_forward_pre_hook(pre(name)))
-        handles.append(m.register_forward_hook(post(name)))
     try:
         model.zero_grad(set_to_none=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with _leaf_hooks(model, pre, post) as calls, \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with precision_context(precision, device_type):
                 loss = step()
         loss.backward()
@@ -238,9 +252,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                             torch.linalg.vector_norm(own[0].grad))
         model.zero_grad(set_to_none=True)
     finally:
-        for h in handles + grad_hooks:
+        for h in grad_hooks:
             h.remove()
-        calls.remove()
     for r in records.values():
         r.pop("input_numel", None)
     return records
@@ -264,8 +277,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     scratch: Dict[str, float] = {}
     start: Dict[str, int] = {}
     running: Dict[int, str] = {}  # id(module) -> the op its current call is
-    calls = _Calls(model)
-    handles, node_hooks = [], []
+    node_hooks = []
 
     def begin(op):
         cuda.reset_peak_memory_stats()
@@ -292,20 +304,16 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
                 node_hooks.append(fn.register_hook(lambda gi, go, op=op: end(op)))
         return hook
 
-    for name, m in leaf_modules(model):
-        handles.append(m.register_forward_pre_hook(pre(name)))
-        handles.append(m.register_forward_hook(post(name)))
     try:
         model.zero_grad(set_to_none=True)
-        with precision_context(precision, device_type):
+        with _leaf_hooks(model, pre, post) as calls, precision_context(precision, device_type):
             loss = step()
         loss.backward()
         cuda.synchronize()
         model.zero_grad(set_to_none=True)
     finally:
-        for h in handles + node_hooks:
+        for h in node_hooks:
             h.remove()
-        calls.remove()
     return scratch
 
 

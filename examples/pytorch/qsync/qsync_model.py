@@ -93,6 +93,16 @@ def forward_ranges(trace) -> List[str]:
     return out
 
 
+# Per-precision byte maps of a record that the model JSON carries only where non-zero.
+MEASURED_PARTS = ("input_cast_bytes", "code_saved_bytes", "workspace_bytes")
+
+
+def measured_part(record: dict, key: str) -> Dict[str, float]:
+    """``record[key]`` ({precision: bytes}) as the model JSON holds it: known precisions,
+    non-zero entries."""
+    return {p: float(b) for p, b in (record.get(key) or {}).items() if p in PRECISIONS and b > 0}
+
+
 def model_json(records: Dict[str, dict], name: str, trace=None,
                optimizer_bytes_per_param: float = 8.0, bucket_cap_mb: float = 25.0,
                first_bucket_mb: float = 1.0) -> dict:
@@ -141,9 +151,8 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
         }
         if saved:
             o["saved_bytes"] = saved
-        for key in ("input_cast_bytes", "code_saved_bytes", "workspace_bytes"):
-            part = {p: float(b) for p, b in (r.get(key) or {}).items()
-                    if p in PRECISIONS and b > 0}
+        for key in MEASURED_PARTS:
+            part = measured_part(r, key)
             if part:
                 o[key] = part
         stats = {k: float(v) for k, v in (r.get("stats") or {}).items() if v is not None}

@@ -337,7 +337,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
     for o in model_json["ops"]:  # measured per precision in the loop, after the JSON
-        ws = {p: b for p, b in records[o["name"]].get("workspace_bytes", {}).items() if b > 0}
+        ws = qm.measured_part(records[o["name"]], "workspace_bytes")
         if ws:
             o["workspace_bytes"] = ws
     mpath = os.path.join(out, "%s.model.json" % name)

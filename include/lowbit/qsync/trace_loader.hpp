@@ -82,7 +82,6 @@ inline bool is_sync_call(const std::string& name) {
   return name.find("Synchronize") != std::string::npos ||
          (name.rfind("cudaMemcpy", 0) == 0 && name.find("Async") == std::string::npos);
 }
-// Seconds of [a, b] covered by the spans in `spans` (sorted by start, non-overlapping).
 /// The median idle spell (us) of a device, over its spells whose closing kernel's launch
 /// call had returned before the spell began (trace_ranges::dispatch_gap_ms). Spells over
 /// 20 us are left out: a queued kernel that waits that long waited for something else (a
@@ -107,6 +106,7 @@ double dispatch_gap_us(Devices& devices, const std::map<long long, double>& laun
   return *mid;
 }
 
+// Seconds of [a, b] covered by the spans in `spans` (sorted by start, non-overlapping).
 inline double covered(const std::vector<std::pair<double, double>>& spans, double a, double b) {
   double s = 0;
   for (const auto& [ts, dur] : spans) s += std::max(0.0, std::min(b, ts + dur) - std::max(a, ts));
@@ -206,9 +206,12 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   // Launches per thread as (ts, correlation), sorted below so that each range finds its
   // launches by binary search: real traces hold 1e5 launches and 1e3 ranges.
   std::map<std::string, std::vector<std::pair<double, long long>>> launches;
-  std::map<long long, double> kernels;     // correlation -> summed kernel time
-  std::map<long long, int> kernel_count;   // correlation -> kernels
-  std::map<long long, double> launch_end;  // correlation -> end of its runtime call
+  struct launched_kernels {
+    double us = 0;  ///< summed kernel time
+    int n = 0;      ///< kernels
+  };
+  std::map<long long, launched_kernels> kernels;  // correlation -> its kernels
+  std::map<long long, double> launch_end;         // correlation -> end of its runtime call
   struct kernel_event {
     double ts, dur;
     long long correlation;
@@ -247,8 +250,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
         }
       } else if (cat == "kernel") {
         if (long long c = correlation(); c >= 0) {
-          kernels[c] += dur;
-          ++kernel_count[c];
+          kernels[c].us += dur;
+          ++kernels[c].n;
           devices[e.contains("pid") ? e["pid"].dump() : ""].push_back({ts, dur, c});
         }
       }
@@ -289,8 +292,8 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
       for (; at != list.end() && at->first <= r.ts + r.dur; ++at) {
         auto k = kernels.find(at->second);
         if (k == kernels.end()) continue;
-        s += k->second;
-        n += kernel_count[at->second];
+        s += k->second.us;
+        n += k->second.n;
       }
     }
     sum[r.name] += s;
@@ -304,8 +307,10 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
     if (steps == 0) iterations = std::max(iterations, out.occurrences[name]);
   }
   double total = 0, n = 0;
-  for (const auto& [c, d] : kernels) total += d;
-  for (const auto& [c, k] : kernel_count) n += k;
+  for (const auto& [c, k] : kernels) {
+    total += k.us;
+    n += k.n;
+  }
   out.kernel_ms = total / 1000.0 / std::max(iterations, 1);
   out.kernels_per_iteration = n / std::max(iterations, 1);
   out.dispatch_gap_ms = detail::dispatch_gap_us(devices, launch_end) / 1000.0;
