@@ -20,6 +20,14 @@ def stdlib_bytes():
     return np.frombuffer(b"\n".join(chunks), dtype=np.uint8)
 
 
+def to_device(t, device):
+    """t on device without waiting for the stream (a blocking copy would stall the
+    process on every batch; with many processes on one GPU, for a whole time slice)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class Corpus:
     """Train and validation splits on a device, and batches drawn by a seeded generator
     (the same seed gives the same data order in every run)."""
@@ -35,7 +43,8 @@ class Corpus:
         """n sequences of seq + 1 bytes at offsets drawn from the CPU generator gen."""
         data = self.train if split == "train" else self.val
         starts = torch.randint(0, len(data) - self.seq - 1, (n,), generator=gen)
-        idx = starts.to(self.device)[:, None] + torch.arange(self.seq + 1, device=self.device)
+        idx = to_device(starts, self.device)[:, None] + torch.arange(self.seq + 1,
+                                                                   device=self.device)
         return data[idx].long()
 
     def val_batches(self, n, batch):

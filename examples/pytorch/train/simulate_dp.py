@@ -10,6 +10,12 @@ training when only one GPU is at hand.
   python simulate_dp.py --ranks 2 --steps 600 --seeds 0 1 2 \
       --configs bf16 b8-zero-none b4-zero-residual --out results.csv
 
+Two models: --model gpt (default), a GPT-2-like byte-level language model on the Python
+standard library's sources with AdamW; --model cnn, a ResNet-like classifier of the
+synthetic stroke glyphs of strokes.py with SGD and Nesterov momentum. --graphs replays each
+rank's forward and backward as one CUDA graph: the same kernels, so the same values as
+without it, less the launch cost of the small models' hundreds of kernels.
+
 A configuration is "bf16" (the baseline: each rank's gradient rounded to bf16, summed in
 fp32, rounded to bf16, as a bf16 all-reduce), "fp32", or b<bits>-<grid>-<feedback>
 [-stochastic][-warm<steps>] with grid zero|full and feedback none|residual|residual_bf16|
@@ -21,7 +27,7 @@ reduced shard (more than two ranks), as lowbit's residual<float, true> does;
 The seeds of a configuration train side by side in one process, a step each in turn, so
 that a wall-clock budget (--budget seconds) stops them all at the same evaluated step.
 Seed s fixes the model's initialisation and the data order, the same for every
-configuration: gaps are paired per seed.
+configuration: gaps are paired per seed. Give each process its own --out file.
 """
 
 import argparse
@@ -32,11 +38,17 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import Corpus  # noqa: E402
+from strokes import Strokes  # noqa: E402
 
-import lowbit_torch  # noqa: E402
+try:
+    import lowbit_torch
+except ImportError:  # not installed: the package beside this script, built just in time
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import lowbit_torch
 
 DEVICE = torch.device("cuda")  # --device cpu: a smoke test through the host codec
 
@@ -116,14 +128,94 @@ class Reducer:
         return mean
 
 
-def build_model(args, device, seed):
-    from transformers import GPT2Config, GPT2LMHeadModel
+class GPT:
+    """The language model: GPT-2-like (transformers' GPT2Config), byte-level, on the
+    standard library's sources; loss in nats per byte."""
 
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=args.width,
-                     n_layer=args.layers, n_head=args.width // 64, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(cfg).to(device)
+    optimizer, lr = "adamw", 1e-3
+
+    def __init__(self, args, device):
+        self.args = args
+        self.data = Corpus(device, args.seq)
+
+    def build(self, device, seed):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        a = self.args
+        torch.manual_seed(seed)
+        cfg = GPT2Config(vocab_size=256, n_positions=a.seq, n_embd=a.width, n_layer=a.layers,
+                         n_head=a.width // 64, resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        return GPT2LMHeadModel(cfg).to(device)
+
+    @staticmethod
+    def loss(model, b):
+        """Next-byte cross-entropy of a batch of seq + 1 bytes."""
+        (b,) = b
+        logits = model(b[:, :-1]).logits.float()
+        return F.cross_entropy(logits.reshape(-1, 256), b[:, 1:].reshape(-1))
+
+    def batch(self, gen, n):
+        return (self.data.batch(gen, n),)
+
+    def val_batches(self, n):
+        return [(b,) for b in self.data.val_batches(n, 64)]
+
+
+class CNN:
+    """The image classifier: a ResNet-like network (three stages of two basic blocks,
+    widths w, 2w, 4w, GroupNorm) on the synthetic stroke glyphs of strokes.py; loss in
+    nats per image."""
+
+    optimizer, lr = "sgd", 0.05
+
+    def __init__(self, args, device):
+        self.args = args
+        self.data = Strokes(device)
+
+    def build(self, device, seed):
+        torch.manual_seed(seed)
+        return resnet(self.args.width, self.args.layers, self.data.classes).to(device)
+
+    @staticmethod
+    def loss(model, b):
+        x, y = b
+        return F.cross_entropy(model(x).float(), y)
+
+    def batch(self, gen, n):
+        return self.data.batch(gen, n)
+
+    def val_batches(self, n):
+        return self.data.val_batches(n, 256)
+
+
+def resnet(width, blocks, classes):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.GroupNorm(8, cout),
+                nn.ReLU(), nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.GroupNorm(8, cout))
+            self.skip = (nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(8, cout)))
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers = [nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.GroupNorm(8, width), nn.ReLU()]
+    cin = width
+    for stage, stride in enumerate((1, 2, 2)):
+        cout = width << stage
+        for i in range(blocks):
+            layers.append(Block(cin, cout, stride if i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+TASKS = {"gpt": GPT, "cnn": CNN}
 
 
 def lr_at(step, args):
@@ -134,29 +226,63 @@ def lr_at(step, args):
 
 
 @torch.no_grad()
-def val_loss(model, val):
+def val_loss(task, model, val):
     model.eval()
     total = 0.0
     for b in val:
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-            total += _loss(model, b).item()
+            total += task.loss(model, b).item()
     model.train()
     return total / len(val)
 
 
-def _loss(model, b):
-    """Next-byte cross-entropy of a batch of seq + 1 bytes."""
-    logits = model(b[:, :-1]).logits.float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, 256), b[:, 1:].reshape(-1))
+class Backward:
+    """One rank's forward and backward, its gradient left in the flat buffer: eager, or
+    (--graphs) one CUDA graph replay of the same kernels. The graph saves the launch cost
+    of a small model's hundreds of kernels, which bounds these runs' speed when many
+    processes share the GPU. Autocast's weight cache is off when capturing (torch
+    requires it); the cache changes no value."""
+
+    def __init__(self, task, model, flat, example, graphs):
+        self.task, self.model, self.flat = task, model, flat
+        self.graph = None
+        if not graphs:
+            return
+        self.static = [t.clone() for t in example]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up before capture, as torch's docs ask
+            for _ in range(3):
+                self._eager(self.static, cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self._eager(self.static, cache=False)
+        flat.zero_()  # the warm-up's gradients are not a step's
+
+    def _eager(self, b, cache=True):
+        self.flat.zero_()
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, cache_enabled=cache):
+            loss = self.task.loss(self.model, b)
+        loss.backward()
+        return loss.detach()
+
+    def __call__(self, b):
+        if self.graph is None:
+            return self._eager(b)
+        for s, t in zip(self.static, b):
+            s.copy_(t)
+        self.graph.replay()
+        return self.loss
 
 
 class Run:
     """One seed of one configuration: its model, optimizer, data order and reducer."""
 
-    def __init__(self, cfg_name, seed, args):
+    def __init__(self, cfg_name, seed, args, task):
         device = DEVICE
-        self.cfg_name, self.seed, self.args = cfg_name, seed, args
-        self.model = build_model(args, device, seed)
+        self.cfg_name, self.seed, self.args, self.task = cfg_name, seed, args, task
+        self.model = task.build(device, seed)
         params = [p for p in self.model.parameters() if p.requires_grad]
         n = sum(p.numel() for p in params)
         self.flat = torch.zeros(n, device=device)
@@ -164,21 +290,25 @@ class Run:
         for p in params:  # gradients accumulate straight into the flat buffer
             p.grad = self.flat[off:off + p.numel()].view_as(p)
             off += p.numel()
-        self.opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                     fused=device.type == "cuda")
+        fused = device.type == "cuda"
+        if args.optimizer == "adamw":
+            self.opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
+                                         weight_decay=0.1, fused=fused)
+        else:
+            self.opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9, nesterov=True,
+                                       weight_decay=5e-4, fused=fused)
         self.reducer = Reducer(parse_config(cfg_name), args.ranks, n, device, seed)
         self.grads = torch.empty(args.ranks, n, device=device)
         self.gen = torch.Generator().manual_seed(seed)
+        # the example batch comes from a generator of its own: the data order is the seed's
+        example = task.batch(torch.Generator().manual_seed(2**31 - 1), args.batch)
+        self.backward = Backward(task, self.model, self.flat, example, args.graphs)
         self.loss = float("nan")
 
-    def step(self, step, corpus):
+    def step(self, step):
         args = self.args
         for r in range(args.ranks):
-            self.flat.zero_()
-            b = corpus.batch(self.gen, args.batch)
-            with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-                loss = _loss(self.model, b)
-            loss.backward()
+            loss = self.backward(self.task.batch(self.gen, args.batch))
             self.grads[r].copy_(self.flat)
         self.flat.copy_(self.reducer.reduce(self.grads, step))
         for group in self.opt.param_groups:
@@ -187,17 +317,17 @@ class Run:
         self.loss = loss
 
 
-def run(cfg_name, args, corpus, val, writer, fh):
+def run(cfg_name, args, task, val, writer, fh):
     """Trains every seed of cfg_name side by side until --steps or the budget."""
-    runs = [Run(cfg_name, seed, args) for seed in args.seeds]
+    runs = [Run(cfg_name, seed, args, task) for seed in args.seeds]
     t0 = time.time()
     for step in range(args.steps):
         for r in runs:
-            r.step(step, corpus)
+            r.step(step)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             diverged = False
             for r in runs:
-                v = val_loss(r.model, val)
+                v = val_loss(task, r.model, val)
                 writer.writerow([cfg_name, r.seed, args.ranks, step + 1, f"{r.loss.item():.5f}",
                                  f"{v:.5f}", f"{time.time() - t0:.1f}"])
                 diverged |= not math.isfinite(v)
@@ -212,13 +342,18 @@ def run(cfg_name, args, corpus, val, writer, fh):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(TASKS), default="gpt")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=64, help="sequences per rank per step")
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--width", type=int, default=384)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=64, help="sequences (images) per rank per step")
+    ap.add_argument("--seq", type=int, default=256, help="gpt: bytes per sequence")
+    ap.add_argument("--layers", type=int, default=6,
+                    help="gpt: transformer layers; cnn: basic blocks per stage")
+    ap.add_argument("--width", type=int, default=384,
+                    help="gpt: embedding width; cnn: the first stage's channels")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"],
+                    help="default: the model's (gpt adamw, cnn sgd with Nesterov momentum)")
+    ap.add_argument("--lr", type=float, help="peak learning rate; default: the model's")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--val-seqs", type=int, default=512)
@@ -227,20 +362,26 @@ def main():
     ap.add_argument("--out", default="simulate_dp.csv")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds per configuration; stops at the last evaluation that fits")
+    ap.add_argument("--graphs", action="store_true",
+                    help="replay each rank's forward and backward as a CUDA graph")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
+    if args.graphs and DEVICE.type != "cuda":
+        ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    corpus = Corpus(DEVICE, args.seq)
-    val = corpus.val_batches(args.val_seqs, 64)
-    new = not os.path.exists(args.out)
-    with open(args.out, "a", newline="") as fh:
-        w = csv.writer(fh)
-        if new:
+    task = TASKS[args.model](args, DEVICE)
+    args.optimizer = args.optimizer or task.optimizer
+    args.lr = args.lr or task.lr
+    val = task.val_batches(args.val_seqs)
+    with open(args.out, "a", newline="") as fh:  # one file per process: rows are not locked
+        w = csv.writer(fh, lineterminator="\n")
+        if fh.tell() == 0:
             w.writerow(["config", "seed", "ranks", "step", "train_loss", "val_loss", "seconds"])
+            fh.flush()
         for cfg in args.configs:
-            run(cfg, args, corpus, val, w, fh)
+            run(cfg, args, task, val, w, fh)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""CPU tests of the simulation's torch-only parts (no GPU, no lowbit_torch build):
+
+    python3 -m unittest -q test_simulate        (in examples/pytorch/train)
+
+the stroke-glyph data set, the CNN, the baselines' reduction, and a short CNN run of
+simulate_dp.py writing its CSV. Skipped, saying so, where torch is not installed."""
+
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+CPU = None if torch is None else torch.device("cpu")
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class StrokesTest(unittest.TestCase):
+    def setUp(self):
+        from strokes import Strokes
+
+        self.data = Strokes(CPU)
+
+    def test_classes_are_fixed_and_distinct(self):
+        from strokes import Strokes
+
+        again = Strokes(CPU)
+        self.assertTrue(torch.equal(self.data.figures, again.figures))
+        keys = {tuple(f.flatten().tolist()) for f in self.data.figures}
+        self.assertEqual(len(keys), self.data.classes)
+
+    def test_a_generator_fixes_the_batch(self):
+        x1, y1 = self.data.batch(torch.Generator().manual_seed(7), 16)
+        x2, y2 = self.data.batch(torch.Generator().manual_seed(7), 16)
+        x3, _ = self.data.batch(torch.Generator().manual_seed(8), 16)
+        self.assertTrue(torch.equal(x1, x2) and torch.equal(y1, y2))
+        self.assertFalse(torch.equal(x1, x3))
+
+    def test_images_are_normalised_and_labelled(self):
+        x, y = self.data.batch(torch.Generator().manual_seed(0), 32)
+        self.assertEqual(tuple(x.shape), (32, 1, 32, 32))
+        self.assertTrue(torch.isfinite(x).all())
+        flat = x.reshape(32, -1)
+        self.assertLess(flat.mean(dim=1).abs().max().item(), 1e-4)
+        self.assertLess((flat.std(dim=1) - 1).abs().max().item(), 1e-4)
+        self.assertTrue(((y >= 0) & (y < self.data.classes)).all())
+
+    def test_noise_free_glyphs_carry_their_figure(self):
+        """Without jitter and noise an image is its figure under an affine map: two
+        samples of one class overlap far more than samples of two classes, on average."""
+        from strokes import Strokes
+
+        clean = Strokes(CPU, jitter=0.0, noise=(0.0, 0.0))
+        x, y = clean.batch(torch.Generator().manual_seed(3), 400)
+        ink = (x.reshape(400, -1) > 0).float()
+
+        def overlap(a, b):
+            return ((a * b).sum() / a.sum()).item()
+
+        first, same = {}, []
+        for i, c in enumerate(y.tolist()):
+            if c in first:
+                same.append(overlap(ink[first[c]], ink[i]))
+            else:
+                first[c] = i
+        other = [overlap(ink[i], ink[i + 1]) for i in range(399) if y[i] != y[i + 1]]
+        self.assertGreater(len(same), 20)
+        self.assertGreater(sum(same) / len(same), sum(other) / len(other) + 0.1)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class ModelAndReducerTest(unittest.TestCase):
+    def test_resnet_shapes(self):
+        from simulate_dp import resnet
+
+        net = resnet(8, 1, 100)
+        self.assertEqual(tuple(net(torch.zeros(3, 1, 32, 32)).shape), (3, 100))
+        # three stages, the second and third halving the side: 32 -> 32 -> 16 -> 8
+        feats = net[:-3](torch.zeros(1, 1, 32, 32))
+        self.assertEqual(tuple(feats.shape), (1, 32, 8, 8))
+
+    def test_baselines_reduce_as_their_collectives(self):
+        from simulate_dp import Reducer, parse_config
+
+        g = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+        fp32 = Reducer(parse_config("fp32"), 4, 1000, CPU, 0).reduce(g, 0)
+        self.assertTrue(torch.equal(fp32, g.mean(dim=0)))
+        bf16 = Reducer(parse_config("bf16"), 4, 1000, CPU, 0).reduce(g, 0)
+        want = (g.to(torch.bfloat16).float().sum(dim=0) / 4).to(torch.bfloat16).float()
+        self.assertTrue(torch.equal(bf16, want))
+
+    def test_config_names(self):
+        from simulate_dp import parse_config
+
+        c = parse_config("b2-full-residual_stage2-stochastic-warm50")
+        self.assertEqual((c["bits"], c["grid"], c["feedback"], c["rounding"], c["warm"]),
+                         (2, "full", "residual_stage2", "stochastic", 50))
+        with self.assertRaises(ValueError):
+            parse_config("b4-zero-none-sideways")
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class RunTest(unittest.TestCase):
+    def _run(self, out, *extra):
+        cmd = [sys.executable, os.path.join(HERE, "simulate_dp.py"), "--device", "cpu",
+               "--model", "cnn", "--ranks", "2", "--steps", "4", "--eval-every", "2",
+               "--val-seqs", "256", "--batch", "4", "--layers", "1", "--width", "8",
+               "--warmup", "1", "--seeds", "0", "1", "--out", out, *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    def test_a_cnn_run_writes_its_rows(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.csv")
+            for config in ("bf16", "fp32"):  # two processes' worth, one file
+                p = self._run(out, "--configs", config)
+                self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                lines = f.read().splitlines()
+            self.assertEqual(lines[0], "config,seed,ranks,step,train_loss,val_loss,seconds")
+            self.assertEqual(sum(line.startswith("config,") for line in lines), 1)
+            rows = list(csv.DictReader(lines))
+            self.assertEqual(sorted((r["config"], r["seed"], r["step"]) for r in rows),
+                             sorted((c, s, t) for c in ("bf16", "fp32") for s in "01"
+                                    for t in ("2", "4")))
+            for r in rows:
+                self.assertGreater(float(r["val_loss"]), 0)
+                self.assertLess(float(r["val_loss"]), 10)
+            # the seed fixes initialisation and data: fp32 and bf16 differ only by rounding
+            by = {(r["config"], r["seed"], r["step"]): float(r["val_loss"]) for r in rows}
+            self.assertAlmostEqual(by[("bf16", "0", "2")], by[("fp32", "0", "2")], delta=0.05)
+            self.assertNotEqual(by[("fp32", "0", "4")], by[("fp32", "1", "4")])
+
+    def test_graphs_need_a_gpu(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = self._run(os.path.join(d, "r.csv"), "--configs", "bf16", "--graphs")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--graphs needs --device cuda", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
