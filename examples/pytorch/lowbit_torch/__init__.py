@@ -11,6 +11,7 @@ Everything runs on the process group's own NCCL communicator, on torch's current
 from .codec import decode, encode, frame_bytes
 from .comm import communicator, release
 from .ddp import DDPState, ddp_hook
+from .defaults import gradient_grid
 from .fsdp import AllGather, ReduceScatter, apply_fsdp
 
 

@@ -14,6 +14,7 @@ import torch
 
 from ._build import collectives as extension
 from .comm import communicator
+from .defaults import gradient_grid
 
 _FEEDBACK = ("none", "residual", "residual_bf16", "residual_stage2", "ef21")
 
@@ -22,7 +23,9 @@ class DDPState:
     """Options and per-bucket collectives of the lowbit DDP hook.
 
     bits: 1, 2, 4 or 8 (may be changed between steps: ``state.bits = 8``).
-    grid: "zero" (exact zeros survive; the default for gradients) or "full".
+    grid: "zero" (exact zeros survive) or "full" (all 2^bits levels); None (the default)
+        takes ``gradient_grid(bits)`` of the bits given here: "zero" from 4 bits up,
+        "full" at 1 and 2. It stays when ``state.bits`` changes later.
     rounding: "nearest" or "stochastic" (keyed by seed, step, rank, index).
     feedback: "none", "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual
         plus one on the shard owner's second quantization, which lowbit's two_phase
@@ -38,7 +41,7 @@ class DDPState:
     rebuild).
     """
 
-    def __init__(self, process_group=None, bits=4, grid="zero", rounding="nearest",
+    def __init__(self, process_group=None, bits=4, grid=None, rounding="nearest",
                  feedback="residual", crossover="auto", seed=0, calibrate_max_bytes=256 << 20):
         if feedback not in _FEEDBACK:
             raise ValueError(f"lowbit_torch.DDPState: feedback must be one of {_FEEDBACK}, "
@@ -49,7 +52,7 @@ class DDPState:
         self.group = process_group
         self.comm = communicator(process_group)
         self.bits = bits
-        self.grid = grid
+        self.grid = gradient_grid(bits) if grid is None else grid
         self.rounding = rounding
         self.feedback = feedback
         self.crossover = crossover

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
 
 from ._build import collectives as extension
 from .comm import communicator
+from .defaults import gradient_grid
 
 BLOCK = 128  # the codec's block: lowbit's shards are whole blocks
 
@@ -68,13 +69,15 @@ class _Handles:
 class ReduceScatter(_Handles, _ReduceScatterBase):
     """lowbit's reduce_scatter for ``FSDPModule.set_custom_reduce_scatter``.
 
-    bits 1, 2, 4 or 8; grid "zero" or "full"; rounding "nearest" or "stochastic";
-    feedback "none" or "residual" (fp32 state). float32 and bfloat16 gradients
+    bits 1, 2, 4 or 8; grid "zero", "full" or None (``gradient_grid(bits)``: "zero" from
+    4 bits up, "full" at 1 and 2); rounding "nearest" or "stochastic"; feedback "none" or
+    "residual" (fp32 state). float32 and bfloat16 gradients
     (FSDP's reduce_dtype). op: AVG, or SUM (FSDP's pre-divided path); other ops raise.
     """
 
-    def __init__(self, bits=4, grid="zero", rounding="nearest", feedback="residual", seed=0):
-        self.bits, self.grid, self.rounding = bits, grid, rounding
+    def __init__(self, bits=4, grid=None, rounding="nearest", feedback="residual", seed=0):
+        self.grid = gradient_grid(bits) if grid is None else grid
+        self.bits, self.rounding = bits, rounding
         self.feedback, self.seed = feedback, seed
         self._setup()  # a collective per (count, dtype, average)
 

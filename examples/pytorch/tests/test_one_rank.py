@@ -50,6 +50,16 @@ def test_all_reduce_on_one_rank_is_a_copy(ext, one_rank_group, dtype, feedback):
     assert torch.equal(y, x)
 
 
+def test_the_gradient_grid_follows_the_width(ext, one_rank_group):
+    # the measured default (docs/training.md): the full grid at 2 bits, the zero grid above
+    assert lowbit_torch.DDPState(bits=2).grid == "full"
+    assert lowbit_torch.DDPState(bits=4).grid == "zero"
+    assert lowbit_torch.DDPState(bits=8).grid == "zero"
+    assert lowbit_torch.DDPState(bits=2, grid="zero").grid == "zero"
+    assert lowbit_torch.ReduceScatter(bits=2).grid == "full"
+    assert lowbit_torch.ReduceScatter(bits=4).grid == "zero"
+
+
 def test_ddp_hook_trains_exactly_as_ddp_on_one_rank(ext, one_rank_group):
     batches = _batches("cuda")
     reference = _train(_model().cuda(), batches)

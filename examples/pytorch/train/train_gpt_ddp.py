@@ -35,7 +35,7 @@ def parse_args():
     ap.add_argument("--comm", choices=["lowbit", "nccl", "bf16"], default="lowbit")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--feedback", default="residual")
-    ap.add_argument("--grid", default="zero")
+    ap.add_argument("--grid", help="zero or full; default: lowbit_torch.gradient_grid(bits)")
     ap.add_argument("--rounding", default="nearest")
     ap.add_argument("--crossover", default="auto", help="'auto' or bytes")
     ap.add_argument("--steps", type=int, default=200)
