@@ -146,5 +146,69 @@ class RunTest(unittest.TestCase):
         self.assertIn("--graphs needs --device cuda", p.stderr)
 
 
+
+class MergeTest(unittest.TestCase):
+    """sweep.merge needs no torch."""
+
+    @staticmethod
+    def row(config, seed, step, val, ranks=2):
+        return {"config": config, "seed": str(seed), "ranks": str(ranks), "step": str(step),
+                "train_loss": "1.00000", "val_loss": val, "seconds": "1.0"}
+
+    def test_rows_are_ordered_and_deduplicated(self):
+        from sweep import merge
+
+        old = [self.row("bf16", 1, 250, "2.0"), self.row("bf16", 0, 250, "2.1")]
+        new = [self.row("b4", 0, 500, "1.5"), self.row("bf16", 0, 500, "1.4"),
+               self.row("b4", 0, 250, "2.2"), self.row("bf16", 0, 250, "2.1")]
+        got = [(r["config"], r["step"], r["seed"]) for r in merge([old, new])]
+        self.assertEqual(got, [("bf16", "250", "0"), ("bf16", "250", "1"), ("bf16", "500", "0"),
+                               ("b4", "250", "0"), ("b4", "500", "0")])
+
+    def test_a_disagreeing_rerun_is_refused(self):
+        from sweep import merge
+
+        with self.assertRaisesRegex(ValueError, r"\('bf16', 2, 0, 250\): 2.1 vs 2.2"):
+            merge([[self.row("bf16", 0, 250, "2.1")], [self.row("bf16", 0, 250, "2.2")]])
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class SweepTest(unittest.TestCase):
+    COMMON = ["--device", "cpu", "--model", "cnn", "--ranks", "2", "--steps", "4",
+              "--eval-every", "2", "--val-seqs", "256", "--batch", "4", "--layers", "1",
+              "--width", "8", "--warmup", "1", "--seeds", "0", "1"]
+
+    def sweep(self, out, *mine):
+        cmd = [sys.executable, os.path.join(HERE, "sweep.py"), "--out", out, *mine,
+               "--configs", "bf16", "fp32", "--", *self.COMMON]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    def test_sweep_merge_and_refusal(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "sweep.csv")
+            p = self.sweep(out)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                first = f.read()
+            self.assertEqual(len(first.splitlines()), 1 + 2 * 2 * 2)  # configs x seeds x evals
+            self.assertEqual(os.listdir(d), ["sweep.csv"])  # the parts are gone
+            p = self.sweep(out)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("--merge", p.stderr)
+            p = self.sweep(out, "--merge")  # a deterministic rerun: the same rows
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                lines = f.read().splitlines()
+            self.assertEqual(sorted(lines), sorted(first.splitlines()))
+            lines[1] = lines[1].rsplit(",", 3)[0] + ",9.99999,9.99999,0.0"
+            with open(out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            p = self.sweep(out, "--merge")
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("not a deterministic rerun", p.stderr)
+            with open(out) as f:
+                self.assertIn("9.99999", f.read())  # nothing written
+
+
 if __name__ == "__main__":
     unittest.main()
