@@ -31,6 +31,7 @@ configuration: gaps are paired per seed. Give each process its own --out file.
 """
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -51,6 +52,12 @@ except ImportError:  # not installed: the package beside this script, built just
     import lowbit_torch
 
 DEVICE = torch.device("cuda")  # --device cpu: a smoke test through the host codec
+PROFILING = False  # --profile: label the phases of a step for torch.profiler
+
+
+def span(name):
+    """A labelled range in --profile's table; nothing otherwise."""
+    return torch.profiler.record_function(name) if PROFILING else contextlib.nullcontext()
 
 
 def parse_config(name):
@@ -88,9 +95,11 @@ class Reducer:
 
     def qd(self, x, step, rank, stage=0):
         c = self.cfg
-        f = lowbit_torch.encode(x, c["bits"], c["grid"], c["rounding"], seed=self.seed,
-                                step=step, rank=rank + 1000 * stage)
-        return lowbit_torch.decode(f, x.numel(), c["bits"], c["grid"])
+        with span("lowbit_torch.encode"):
+            f = lowbit_torch.encode(x, c["bits"], c["grid"], c["rounding"], seed=self.seed,
+                                    step=step, rank=rank + 1000 * stage)
+        with span("lowbit_torch.decode"):
+            return lowbit_torch.decode(f, x.numel(), c["bits"], c["grid"])
 
     def reduce(self, grads, step):
         """grads: (P, n) fp32, one row per rank. Returns the average every rank gets."""
@@ -308,22 +317,42 @@ class Run:
     def step(self, step):
         args = self.args
         for r in range(args.ranks):
-            loss = self.backward(self.task.batch(self.gen, args.batch))
+            with span("batch"):
+                b = self.task.batch(self.gen, args.batch)
+            with span("forward and backward"):
+                loss = self.backward(b)
             self.grads[r].copy_(self.flat)
-        self.flat.copy_(self.reducer.reduce(self.grads, step))
+        with span("reduce"):
+            self.flat.copy_(self.reducer.reduce(self.grads, step))
         for group in self.opt.param_groups:
             group["lr"] = lr_at(step, args)
-        self.opt.step()
+        with span("optimizer"):
+            self.opt.step()
         self.loss = loss
+
+
+PROFILE_FROM = 10  # past the first steps' allocations and lazy kernel loading
+PROFILE_ACTIVITIES = {
+    "cpu": [torch.profiler.ProfilerActivity.CPU],
+    "cuda": [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+}
 
 
 def run(cfg_name, args, task, val, writer, fh):
     """Trains every seed of cfg_name side by side until --steps or the budget."""
     runs = [Run(cfg_name, seed, args, task) for seed in args.seeds]
     t0 = time.time()
+    profiled = range(PROFILE_FROM, PROFILE_FROM + args.profile)
     for step in range(args.steps):
+        if step == profiled.start and args.profile:
+            prof = torch.profiler.profile(activities=PROFILE_ACTIVITIES[DEVICE.type])
+            prof.__enter__()
         for r in runs:
             r.step(step)
+        if step + 1 == profiled.stop and args.profile:
+            prof.__exit__(None, None, None)
+            print(f"{cfg_name}: steps {profiled.start}-{profiled.stop - 1}, every seed")
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             diverged = False
             for r in runs:
@@ -364,10 +393,14 @@ def main():
                     help="seconds per configuration; stops at the last evaluation that fits")
     ap.add_argument("--graphs", action="store_true",
                     help="replay each rank's forward and backward as a CUDA graph")
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help=f"print torch.profiler's table of steps {PROFILE_FROM} to "
+                         f"{PROFILE_FROM - 1}+K (CPU and CUDA time by phase and op)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, PROFILING
     DEVICE = torch.device(args.device)
+    PROFILING = args.profile > 0
     if args.graphs and DEVICE.type != "cuda":
         ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -139,6 +139,20 @@ class RunTest(unittest.TestCase):
             self.assertAlmostEqual(by[("bf16", "0", "2")], by[("fp32", "0", "2")], delta=0.05)
             self.assertNotEqual(by[("fp32", "0", "4")], by[("fp32", "1", "4")])
 
+    def test_profile_labels_the_phases(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = subprocess.run(
+                [sys.executable, os.path.join(HERE, "simulate_dp.py"), "--device", "cpu",
+                 "--model", "cnn", "--ranks", "2", "--steps", "11", "--eval-every", "11",
+                 "--val-seqs", "256", "--batch", "2", "--layers", "1", "--width", "8",
+                 "--seeds", "0", "--configs", "fp32", "--profile", "1",
+                 "--out", os.path.join(d, "r.csv")],
+                capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("fp32: steps 10-10", p.stdout)
+        for phase in ("batch", "forward and backward", "reduce", "optimizer"):
+            self.assertIn(phase, p.stdout)
+
     def test_graphs_need_a_gpu(self):
         with tempfile.TemporaryDirectory() as d:
             p = self._run(os.path.join(d, "r.csv"), "--configs", "bf16", "--graphs")
