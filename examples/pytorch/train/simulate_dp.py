@@ -247,10 +247,9 @@ def val_loss(task, model, val):
 
 class Backward:
     """One rank's forward and backward, its gradient left in the flat buffer: eager, or
-    (--graphs) one CUDA graph replay of the same kernels. The graph saves the launch cost
-    of a small model's hundreds of kernels, which bounds these runs' speed when many
-    processes share the GPU. Autocast's weight cache is off when capturing (torch
-    requires it); the cache changes no value."""
+    (--graphs) one CUDA graph replay of the same kernels, which saves the launch cost of a
+    small model's hundreds of kernels. Autocast's weight cache is off when capturing
+    (torch requires it); the cache changes no value."""
 
     def __init__(self, task, model, flat, example, graphs):
         self.task, self.model, self.flat = task, model, flat
