@@ -23,7 +23,7 @@ setup(
             name="lowbit_torch._C",
             sources=[os.path.relpath(s) for s in _build.sources()],
             include_dirs=[_build.include_dir(), _build.CSRC],
-            extra_compile_args={"cxx": _build.CXX_FLAGS, "nvcc": _build.CUDA_FLAGS},
+            extra_compile_args={"cxx": _build.cxx_flags(), "nvcc": _build.cuda_flags()},
             libraries=["nccl"],
         )
     ],

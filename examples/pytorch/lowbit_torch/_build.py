@@ -15,9 +15,30 @@ import subprocess
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(_HERE, "csrc")
 
-# nvcc flags: C++17 as lowbit requires, lowbit's constexpr use in device code.
-CUDA_FLAGS = ["-std=c++17", "-O2", "--expt-relaxed-constexpr"]
-CXX_FLAGS = ["-std=c++17", "-O2"]
+
+def cxx_standard(torch_include=None):
+    """``-std=c++17``, lowbit's own standard, unless torch's headers refuse anything older
+    than C++20 (newer torch releases do: ATen.h says so in an #error). torch_include:
+    torch's header directory (default: the installed torch's)."""
+    if torch_include is None:
+        from torch.utils.cpp_extension import include_paths
+
+        torch_include = include_paths()[0]
+    try:
+        with open(os.path.join(torch_include, "ATen", "ATen.h")) as f:
+            needs_20 = "C++20 or later" in f.read()
+    except OSError:
+        needs_20 = False
+    return "-std=c++20" if needs_20 else "-std=c++17"
+
+
+def cuda_flags():
+    """nvcc's flags: the standard, and lowbit's constexpr use in device code."""
+    return [cxx_standard(), "-O2", "--expt-relaxed-constexpr"]
+
+
+def cxx_flags():
+    return [cxx_standard(), "-O2"]
 
 
 def sources(codec_only=False):
@@ -142,8 +163,8 @@ def extension():
                 name="lowbit_torch_codec_C" if only else "lowbit_torch_C",
                 sources=sources(only),
                 extra_include_paths=[include_dir(), CSRC],
-                extra_cflags=CXX_FLAGS + defines,
-                extra_cuda_cflags=CUDA_FLAGS + defines,  # arches: $TORCH_CUDA_ARCH_LIST or the GPUs'
+                extra_cflags=cxx_flags() + defines,
+                extra_cuda_cflags=cuda_flags() + defines,  # arches: $TORCH_CUDA_ARCH_LIST or the GPUs'
                 extra_ldflags=["-lnccl"],
                 verbose=os.environ.get("LOWBIT_TORCH_VERBOSE") == "1",
             )

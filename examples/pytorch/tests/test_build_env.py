@@ -77,5 +77,28 @@ class CompilerChoiceTest(unittest.TestCase):
         self.assertIsNone(_build.loaded_libstdcxx(os.path.join(self.root, "absent")))
 
 
+
+class StandardTest(unittest.TestCase):
+    """torch's headers decide between lowbit's C++17 and the C++20 newer torch demands."""
+
+    def _include(self, aten_h):
+        d = tempfile.TemporaryDirectory()
+        self.addCleanup(d.cleanup)
+        os.makedirs(os.path.join(d.name, "ATen"))
+        with open(os.path.join(d.name, "ATen", "ATen.h"), "w") as f:
+            f.write(aten_h)
+        return d.name
+
+    def test_cxx17_where_torch_accepts_it(self):
+        self.assertEqual(_build.cxx_standard(self._include("#pragma once\n")), "-std=c++17")
+
+    def test_cxx20_where_torch_demands_it(self):
+        h = ("#if !defined(__cplusplus) || __cplusplus < 202002L\n"
+             "#error C++20 or later compatible compiler is required to use ATen.\n#endif\n")
+        self.assertEqual(_build.cxx_standard(self._include(h)), "-std=c++20")
+
+    def test_cxx17_without_torch_headers(self):
+        self.assertEqual(_build.cxx_standard("/nonexistent"), "-std=c++17")
+
 if __name__ == "__main__":
     unittest.main()
