@@ -53,6 +53,7 @@ except ImportError:  # not installed: the package beside this script, built just
 
 DEVICE = torch.device("cuda")  # --device cpu: a smoke test through the host codec
 PROFILING = False  # --profile: label the phases of a step for torch.profiler
+BLOCK = 128  # values per codec block (lowbit_torch's absmax codec)
 
 
 def span(name):
@@ -92,6 +93,9 @@ class Reducer:
         self.g = torch.zeros(n, device=device) if fb == "ef21" else None  # EF21's replicated g
         self.e2 = (torch.zeros(n, device=device)
                    if fb in ("ef21", "residual_stage2") and ranks > 2 else None)
+        self.batch_codec = True  # qd_ranks: one encode and decode for every rank's row
+        self.padded = (torch.zeros(ranks, -(-n // BLOCK) * BLOCK, device=device)
+                       if cfg["kind"] == "lowbit" else None)
 
     def qd(self, x, step, rank, stage=0):
         c = self.cfg
@@ -100,6 +104,16 @@ class Reducer:
                                     step=step, rank=rank + 1000 * stage)
         with span("lowbit_torch.decode"):
             return lowbit_torch.decode(f, x.numel(), c["bits"], c["grid"])
+
+    def qd_ranks(self, x, step):
+        """qd of each rank's row of x (P, n). Nearest rounding uses no rank key, so the rows
+        go through one encode and one decode, each row padded with zeros to whole codec
+        blocks: a block's absmax, and so its codes, are those of the row's own blocks.
+        The same values as P calls, in two launches instead of 2P."""
+        if self.cfg["rounding"] != "nearest" or not self.batch_codec:
+            return torch.stack([self.qd(x[r], step, r) for r in range(self.P)])
+        self.padded[:, :self.n].copy_(x)
+        return self.qd(self.padded.view(-1), step, 0).view(self.P, -1)[:, :self.n]
 
     def reduce(self, grads, step):
         """grads: (P, n) fp32, one row per rank. Returns the average every rank gets."""
@@ -110,19 +124,18 @@ class Reducer:
             acc = grads.to(torch.bfloat16).float().sum(dim=0)
             return (acc / P).to(torch.bfloat16).float()
         fb = self.fb
+        if fb == "none":
+            d = self.qd_ranks(grads, step)
+        elif fb in ("residual", "residual_bf16", "residual_stage2"):
+            x = grads + self.e.float()
+            d = self.qd_ranks(x, step)
+            self.e.copy_(((x - d) * self.beta).to(self.e.dtype))
+        else:  # ef21: send Q(x - g_i); g_i += D
+            d = self.qd_ranks(grads - self.e, step)
+            self.e += d
         acc = torch.zeros(self.n, device=grads.device)
         for r in range(P):  # rank order, fp32, as the decode-sum kernel
-            if fb == "none":
-                acc += self.qd(grads[r], step, r)
-            elif fb in ("residual", "residual_bf16", "residual_stage2"):
-                x = grads[r] + self.e[r].float()
-                d = self.qd(x, step, r)
-                self.e[r] = ((x - d) * self.beta).to(self.e.dtype)
-                acc += d
-            else:  # ef21: send Q(x - g_i); g_i += D
-                d = self.qd(grads[r] - self.e[r], step, r)
-                self.e[r] += d
-                acc += d
+            acc += d[r]
         mean = acc * (1.0 / P)
         if P > 2:  # two_phase: the owner re-encodes the reduced shard
             if self.e2 is not None:

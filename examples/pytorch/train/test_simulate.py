@@ -161,6 +161,47 @@ class RunTest(unittest.TestCase):
 
 
 
+def codec_or_reason():
+    """The codec extension (built just in time: needs nvcc), or why it is not at hand."""
+    os.environ.setdefault("LOWBIT_TORCH_CODEC_ONLY", "1")  # the codec is all this needs
+    try:
+        import simulate_dp  # noqa: F401  (puts lowbit_torch on the path)
+        import lowbit_torch
+
+        lowbit_torch.load()
+        return None
+    except Exception as e:  # noqa: BLE001  (any build failure means: skip, saying why)
+        return f"lowbit_torch's codec does not build here: {str(e).splitlines()[0][:200]}"
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class BatchedCodecTest(unittest.TestCase):
+    """Reducer.qd_ranks puts every rank's row through one encode and decode (nearest
+    rounding); it must give the values of one call per rank, feedback state included."""
+
+    def test_one_call_for_all_ranks_is_p_calls(self):
+        reason = codec_or_reason()
+        if reason:
+            self.skipTest(reason)
+        from simulate_dp import Reducer, parse_config
+
+        for n in (1000, 1024):  # a partial last block, and whole blocks
+            for name in ("b4-zero-none", "b4-zero-residual", "b2-full-residual",
+                         "b4-zero-residual_bf16", "b2-full-residual_stage2", "b4-zero-ef21",
+                         "b8-full-damped0.5"):
+                gen = torch.Generator().manual_seed(n)
+                batched = Reducer(parse_config(name), 4, n, CPU, 0)
+                per_rank = Reducer(parse_config(name), 4, n, CPU, 0)
+                per_rank.batch_codec = False
+                for step in range(3):
+                    g = torch.randn(4, n, generator=gen) * torch.logspace(-3, 1, 4)[:, None]
+                    g[1, :200] = 0  # exact zeros, as unused rows
+                    a, b = batched.reduce(g, step), per_rank.reduce(g, step)
+                    self.assertTrue(torch.equal(a, b), f"{name}, n={n}, step {step}")
+                if batched.e is not None:
+                    self.assertTrue(torch.equal(batched.e, per_rank.e), name)
+
+
 class MergeTest(unittest.TestCase):
     """sweep.merge needs no torch."""
 
