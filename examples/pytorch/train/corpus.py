@@ -21,8 +21,8 @@ def stdlib_bytes():
 
 
 def to_device(t, device):
-    """t on device without waiting for the stream (a blocking copy would stall the
-    process on every batch; with many processes on one GPU, for a whole time slice)."""
+    """t on device without waiting for the stream (a blocking copy would make the process
+    wait for its queued GPU work on every batch)."""
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
