@@ -344,6 +344,8 @@ class Run:
 
 
 PROFILE_FROM = 10  # past the first steps' allocations and lazy kernel loading
+PHASES = ("batch", "forward and backward", "reduce", "lowbit_torch.encode",
+          "lowbit_torch.decode", "optimizer")
 PROFILE_ACTIVITIES = {
     "cpu": [torch.profiler.ProfilerActivity.CPU],
     "cuda": [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
@@ -364,7 +366,11 @@ def run(cfg_name, args, task, val, writer, fh):
         if step + 1 == profiled.stop and args.profile:
             prof.__exit__(None, None, None)
             print(f"{cfg_name}: steps {profiled.start}-{profiled.stop - 1}, every seed")
-            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+            events = prof.key_averages()
+            for e in events:  # the labelled phases first, then the ops
+                if e.key in PHASES:
+                    print(f"  {e.key:<22} {e.cpu_time_total / 1e3:10.2f} ms host  {e.count} calls")
+            print(events.table(sort_by="cpu_time_total", row_limit=25), flush=True)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             diverged = False
             for r in runs:
