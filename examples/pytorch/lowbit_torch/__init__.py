@@ -8,7 +8,7 @@
 Everything runs on the process group's own NCCL communicator, on torch's current stream.
 """
 
-from .codec import decode, encode, frame_bytes
+from .codec import BLOCK, decode, encode, frame_bytes, whole_blocks
 from .comm import communicator, release
 from .ddp import DDPState, ddp_hook
 from .defaults import gradient_grid

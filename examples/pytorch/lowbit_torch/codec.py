@@ -7,6 +7,12 @@ import torch
 from ._build import extension
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK = 128  # values per codec block: the compiled absmax codecs' block size
+
+
+def whole_blocks(n):
+    """n rounded up to whole codec blocks."""
+    return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
 def encode(x, bits=4, grid="zero", rounding="nearest", seed=0, step=0, rank=0):

@@ -30,13 +30,8 @@ except ImportError:  # pragma: no cover
 
 from ._build import collectives as extension
 from .comm import communicator
+from .codec import whole_blocks
 from .defaults import gradient_grid
-
-BLOCK = 128  # the codec's block: lowbit's shards are whole blocks
-
-
-def _padded(n):
-    return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
 def _padded_chunks(x, world, chunk, padded):
@@ -89,7 +84,7 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
             raise ValueError(f"lowbit_torch.ReduceScatter: input of {count} values and output of "
                              f"{output_tensor.numel()} do not form {world} equal chunks")
         chunk = count // world
-        padded = _padded(chunk)
+        padded = whole_blocks(chunk)  # lowbit shards in whole blocks
         h = self._handle((padded * world, input_tensor.dtype, average),
                          lambda: extension().ShardCollective.reduce_scatter(
                              communicator(group), input_tensor.dtype, padded * world, self.bits,
@@ -120,7 +115,7 @@ class AllGather(_Handles, _AllGatherBase):
         if output_tensor.numel() != chunk * world:
             raise ValueError(f"lowbit_torch.AllGather: output has {output_tensor.numel()} values, "
                              f"expected {world} x {chunk}")
-        padded = _padded(chunk)
+        padded = whole_blocks(chunk)  # lowbit shards in whole blocks
         h = self._handle((padded * world, input_tensor.dtype),
                          lambda: extension().ShardCollective.all_gather(
                              communicator(group), input_tensor.dtype, padded * world, self.bits,

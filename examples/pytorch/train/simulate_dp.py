@@ -53,7 +53,6 @@ except ImportError:  # not installed: the package beside this script, built just
 
 DEVICE = torch.device("cuda")  # --device cpu: a smoke test through the host codec
 PROFILING = False  # --profile: label the phases of a step for torch.profiler
-BLOCK = 128  # values per codec block (lowbit_torch's absmax codec)
 
 
 def span(name):
@@ -94,7 +93,7 @@ class Reducer:
         self.e2 = (torch.zeros(n, device=device)
                    if fb in ("ef21", "residual_stage2") and ranks > 2 else None)
         self.batch_codec = True  # qd_ranks: one encode and decode for every rank's row
-        self.padded = (torch.zeros(ranks, -(-n // BLOCK) * BLOCK, device=device)
+        self.padded = (torch.zeros(ranks, lowbit_torch.whole_blocks(n), device=device)
                        if cfg["kind"] == "lowbit" else None)
 
     def qd(self, x, step, rank, stage=0):
@@ -424,7 +423,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     task = TASKS[args.model](args, DEVICE)
     args.optimizer = args.optimizer or task.optimizer
-    args.lr = args.lr or task.lr
+    args.lr = task.lr if args.lr is None else args.lr
     val = task.val_batches(args.val_seqs)
     with open(args.out, "a", newline="") as fh:  # one file per process: rows are not locked
         w = csv.writer(fh, lineterminator="\n")

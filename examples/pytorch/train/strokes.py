@@ -48,20 +48,25 @@ class Strokes:
         yy, xx = torch.meshgrid(ax, ax, indexing="ij")
         self.pixels = torch.stack([xx, yy], dim=-1).reshape(1, 1, -1, 2)  # (1, 1, P, 2)
 
-    def batch(self, gen, n, split="train"):
-        """n labelled images; every random draw comes from the CPU generator gen."""
-        del split  # the stream is endless: train and validation differ by generator only
+    def batch(self, gen, n):
+        """n labelled images; every random draw comes from the CPU generator gen, in a fixed
+        order, and crosses to the device in two copies (labels, and the rest)."""
+        labels = torch.randint(0, self.classes, (n,), generator=gen)
+        strokes = self.figures.shape[1]
+        jitter = torch.randn(n, strokes, 2, 2, generator=gen)
 
-        def u(*shape, lo=0.0, hi=1.0):
-            return to_device(lo + (hi - lo) * torch.rand(*shape, generator=gen), self.device)
+        def u(*shape, lo, hi):
+            return lo + (hi - lo) * torch.rand(*shape, generator=gen)
 
-        labels = to_device(torch.randint(0, self.classes, (n,), generator=gen), self.device)
-        ends = self.figures[labels]  # (n, S, 2, 2)
-        ends = ends + self.jitter * to_device(torch.randn(ends.shape, generator=gen), self.device)
-        angle = u(n, lo=-math.pi / 8, hi=math.pi / 8)
-        scale = u(n, 2, lo=0.75, hi=1.1)
-        shear = u(n, lo=-0.3, hi=0.3)
-        shift = u(n, 2, lo=-0.15, hi=0.15)
+        draws = [jitter, u(n, lo=-math.pi / 8, hi=math.pi / 8), u(n, 2, lo=0.75, hi=1.1),
+                 u(n, lo=-0.3, hi=0.3), u(n, 2, lo=-0.15, hi=0.15), u(n, 1, lo=0.05, hi=0.10),
+                 u(n, 1, lo=0.5, hi=1.0), u(n, 1, lo=self.noise[0], hi=self.noise[1]),
+                 torch.randn(n, SIZE * SIZE, generator=gen)]
+        flat = to_device(torch.cat([d.reshape(-1) for d in draws]), self.device)
+        jitter, angle, scale, shear, shift, width, contrast, sigma, noise = (
+            part.view(d.shape) for part, d in zip(flat.split([d.numel() for d in draws]), draws))
+        labels = to_device(labels, self.device)
+        ends = self.figures[labels] + self.jitter * jitter  # (n, S, 2, 2)
         c, s = torch.cos(angle), torch.sin(angle)
         rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
         shr = torch.eye(2, device=self.device).repeat(n, 1, 1)
@@ -69,11 +74,7 @@ class Strokes:
         m = rot @ shr @ torch.diag_embed(scale)  # (n, 2, 2)
         ends = torch.einsum("nij,nsej->nsei", m, ends) + shift[:, None, None, :]
         d = self._distance(ends)  # (n, P)
-        width = u(n, 1, lo=0.05, hi=0.10)
         ink = torch.sigmoid((width - d) / 0.03)
-        contrast = u(n, 1, lo=0.5, hi=1.0)
-        sigma = u(n, 1, lo=self.noise[0], hi=self.noise[1])
-        noise = to_device(torch.randn(n, SIZE * SIZE, generator=gen), self.device)
         img = contrast * ink + sigma * noise
         img = (img - img.mean(dim=1, keepdim=True)) / img.std(dim=1, keepdim=True)
         return img.reshape(n, 1, SIZE, SIZE), labels

@@ -95,16 +95,16 @@ def main(argv):
         if rc != 0:
             failed.append((config, log.name, rc))
 
-    tables = [read(args.out)] if args.merge and os.path.exists(args.out) else []
-    tables += [read(part) for _, part, _, _ in runs if os.path.exists(part)]
+    parts = {config: read(part) if os.path.exists(part) else [] for config, part, _, _ in runs}
+    old = [read(args.out)] if args.merge and os.path.exists(args.out) else []
     try:
-        rows = merge(tables)
+        rows = merge(old + list(parts.values()))
     except ValueError as e:
         print(f"sweep: {e}\n(the parts are kept in {parts_dir})", file=sys.stderr)
         return 1
     write(args.out, rows)
-    for config, part, _, _ in runs:
-        steps = [int(r["step"]) for r in (read(part) if os.path.exists(part) else [])]
+    for config, table in parts.items():
+        steps = [int(r["step"]) for r in table]
         print(f"{config}: to step {max(steps) if steps else '-'}")
     print(f"{len(rows)} rows in {args.out} after {time.time() - t0:.0f} s")
     for config, log, rc in failed:
