@@ -352,11 +352,12 @@ PROFILE_ACTIVITIES = {
 
 
 def run(cfg_name, args, task, val, writer, fh):
-    """Trains every seed of cfg_name side by side until --steps or the budget."""
+    """Trains every seed of cfg_name side by side until --until (default --steps) or the
+    budget."""
     runs = [Run(cfg_name, seed, args, task) for seed in args.seeds]
     t0 = time.time()
     profiled = range(PROFILE_FROM, PROFILE_FROM + args.profile)
-    for step in range(args.steps):
+    for step in range(args.until or args.steps):
         if step == profiled.start and args.profile:
             prof = torch.profiler.profile(activities=PROFILE_ACTIVITIES[DEVICE.type])
             prof.__enter__()
@@ -370,7 +371,7 @@ def run(cfg_name, args, task, val, writer, fh):
                 if e.key in PHASES:
                     print(f"  {e.key:<22} {e.cpu_time_total / 1e3:10.2f} ms host  {e.count} calls")
             print(events.table(sort_by="cpu_time_total", row_limit=25), flush=True)
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.eval_every == 0 or step + 1 in (args.steps, args.until):
             diverged = False
             for r in runs:
                 v = val_loss(task, r.model, val)
@@ -406,6 +407,9 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--configs", nargs="+", default=["bf16", "b4-zero-residual"])
     ap.add_argument("--out", default="simulate_dp.csv")
+    ap.add_argument("--until", type=int, metavar="STEP",
+                    help="stop after this step of the --steps schedule (its rows are those "
+                         "of the whole run's first STEP steps)")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds per configuration; stops at the last evaluation that fits")
     ap.add_argument("--graphs", action="store_true",
@@ -418,6 +422,8 @@ def main():
     global DEVICE, PROFILING
     DEVICE = torch.device(args.device)
     PROFILING = args.profile > 0
+    if args.until is not None and not 0 < args.until <= args.steps:
+        ap.error(f"--until must be in 1..--steps ({args.steps})")
     if args.graphs and DEVICE.type != "cuda":
         ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -430,6 +436,8 @@ def main():
         if fh.tell() == 0:
             w.writerow(["config", "seed", "ranks", "step", "train_loss", "val_loss", "seconds"])
             fh.flush()
+        if any(parse_config(c)["kind"] == "lowbit" for c in args.configs):
+            lowbit_torch.load()  # built (or loaded) before the clock starts: --budget is training time
         for cfg in args.configs:
             run(cfg, args, task, val, w, fh)
 

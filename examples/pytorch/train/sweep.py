@@ -61,6 +61,15 @@ def write(path, rows):
         w.writerows({k: r[k] for k in FIELDS} for r in rows)
 
 
+def build_extension():
+    """Builds lowbit_torch's extension (just in time) once, before the processes start:
+    otherwise each would wait on torch's build lock, the wait counted in its --budget."""
+    # simulate_dp's import: an installed lowbit_torch first, else the package beside it
+    code = (f"import sys; sys.path.append({os.path.dirname(HERE)!r}); "
+            "import lowbit_torch; lowbit_torch.load()")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def main(argv):
     if "--" in argv:
         cut = argv.index("--")
@@ -79,6 +88,8 @@ def main(argv):
     if os.path.exists(args.out) and not args.merge:
         ap.error(f"{args.out} exists: --merge adds to it")
 
+    if any(c not in ("bf16", "fp32") for c in args.configs):
+        build_extension()
     parts_dir = tempfile.mkdtemp(prefix="sweep-", dir=os.path.dirname(os.path.abspath(args.out)))
     runs = []
     t0 = time.time()

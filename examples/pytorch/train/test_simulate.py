@@ -139,6 +139,23 @@ class RunTest(unittest.TestCase):
             self.assertAlmostEqual(by[("bf16", "0", "2")], by[("fp32", "0", "2")], delta=0.05)
             self.assertNotEqual(by[("fp32", "0", "4")], by[("fp32", "1", "4")])
 
+    def test_until_ends_the_schedule_early(self):
+        with tempfile.TemporaryDirectory() as d:
+            whole, part = os.path.join(d, "whole.csv"), os.path.join(d, "part.csv")
+            for out, extra in ((whole, ()), (part, ("--until", "3"))):
+                p = self._run(out, "--configs", "fp32", *extra)
+                self.assertEqual(p.returncode, 0, p.stderr)
+            with open(whole) as f:
+                w = {(r["seed"], r["step"]): r["val_loss"] for r in csv.DictReader(f)}
+            with open(part) as f:
+                r = {(r["seed"], r["step"]): r["val_loss"] for r in csv.DictReader(f)}
+            self.assertEqual(sorted(r), [("0", "2"), ("0", "3"), ("1", "2"), ("1", "3")])
+            self.assertEqual(r[("0", "2")], w[("0", "2")])  # the same schedule
+            self.assertEqual(r[("1", "2")], w[("1", "2")])
+            p = self._run(part, "--configs", "fp32", "--until", "5")
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("--until must be in 1..--steps (4)", p.stderr)
+
     def test_profile_labels_the_phases(self):
         with tempfile.TemporaryDirectory() as d:
             p = subprocess.run(
