@@ -25,7 +25,9 @@ reduced shard (more than two ranks), as lowbit's residual<float, true> does;
 -warm<k> sends full precision for the first k steps.
 
 The seeds of a configuration train side by side in one process, a step each in turn, so
-that a wall-clock budget (--budget seconds) stops them all at the same evaluated step.
+that a wall-clock budget (--budget seconds) stops them all at the same evaluated step;
+--until N stops them after step N of the --steps schedule (the first N steps of the
+whole run, row for row).
 Seed s fixes the model's initialisation and the data order, the same for every
 configuration: gaps are paired per seed. Give each process its own --out file.
 """
