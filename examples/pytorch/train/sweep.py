@@ -89,7 +89,12 @@ def main(argv):
         ap.error(f"{args.out} exists: --merge adds to it")
 
     if any(c not in ("bf16", "fp32") for c in args.configs):
-        build_extension()
+        try:
+            build_extension()
+        except subprocess.CalledProcessError:
+            print("sweep: lowbit_torch's extension did not build (its output is above)",
+                  file=sys.stderr)
+            return 1
     parts_dir = tempfile.mkdtemp(prefix="sweep-", dir=os.path.dirname(os.path.abspath(args.out)))
     runs = []
     t0 = time.time()
