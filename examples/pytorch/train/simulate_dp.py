@@ -181,8 +181,10 @@ class GPT:
     def batch(self, gen, n):
         return (self.data.batch(gen, n),)
 
+    val_batch = 64  # sequences per validation batch
+
     def val_batches(self, n):
-        return [(b,) for b in self.data.val_batches(n, 64)]
+        return [(b,) for b in self.data.val_batches(n, self.val_batch)]
 
 
 class CNN:
@@ -208,8 +210,10 @@ class CNN:
     def batch(self, gen, n):
         return self.data.batch(gen, n)
 
+    val_batch = 256  # images per validation batch
+
     def val_batches(self, n):
-        return self.data.val_batches(n, 256)
+        return self.data.val_batches(n, self.val_batch)
 
 
 def resnet(width, blocks, classes):
@@ -430,6 +434,8 @@ def main():
         ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     task = TASKS[args.model](args, DEVICE)
+    if args.val_seqs <= 0 or args.val_seqs % task.val_batch:
+        ap.error(f"--val-seqs must be a positive multiple of {task.val_batch} for --model {args.model}")
     args.optimizer = args.optimizer or task.optimizer
     args.lr = task.lr if args.lr is None else args.lr
     val = task.val_batches(args.val_seqs)

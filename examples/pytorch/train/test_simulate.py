@@ -156,6 +156,12 @@ class RunTest(unittest.TestCase):
             self.assertNotEqual(p.returncode, 0)
             self.assertIn("--until must be in 1..--steps (4)", p.stderr)
 
+    def test_a_partial_validation_batch_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = self._run(os.path.join(d, "r.csv"), "--configs", "fp32", "--val-seqs", "300")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--val-seqs must be a positive multiple of 256 for --model cnn", p.stderr)
+
     def test_profile_labels_the_phases(self):
         with tempfile.TemporaryDirectory() as d:
             p = subprocess.run(
