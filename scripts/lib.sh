@@ -69,7 +69,8 @@ configure_build() {
   local prefix=() extra=()
   [[ -d $LOWBIT_ROOT/.deps/usr ]] && prefix=(-DCMAKE_PREFIX_PATH="$LOWBIT_ROOT/.deps/usr")
   read -r -a extra <<<"${LOWBIT_CMAKE_ARGS:-}"
+  # the caller's arguments first: LOWBIT_CMAKE_ARGS, the person's own, override them
   cmake -S "$LOWBIT_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} "${prefix[@]}" \
-    "${extra[@]}" "$@" >/dev/null
+    "$@" "${extra[@]}" >/dev/null
   cmake --build "$dir" -j "$JOBS"
 }

@@ -26,8 +26,8 @@ reduced shard (more than two ranks), as lowbit's residual<float, true> does;
 
 The seeds of a configuration train side by side in one process, a step each in turn, so
 that a wall-clock budget (--budget seconds) stops them all at the same evaluated step;
---until N stops them after step N of the --steps schedule (the first N steps of the
-whole run, row for row).
+--until N stops them after step N of the --steps schedule (the whole run's rows up to
+step N, and a row at N).
 Seed s fixes the model's initialisation and the data order, the same for every
 configuration: gaps are paired per seed. Give each process its own --out file.
 """
@@ -414,8 +414,8 @@ def main():
     ap.add_argument("--configs", nargs="+", default=["bf16", "b4-zero-residual"])
     ap.add_argument("--out", default="simulate_dp.csv")
     ap.add_argument("--until", type=int, metavar="STEP",
-                    help="stop after this step of the --steps schedule (its rows are those "
-                         "of the whole run's first STEP steps)")
+                    help="stop after this step of the --steps schedule: the whole run's rows "
+                         "to that step, and one at STEP itself")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds per configuration; stops at the last evaluation that fits")
     ap.add_argument("--graphs", action="store_true",
@@ -433,19 +433,20 @@ def main():
     if args.graphs and DEVICE.type != "cuda":
         ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
+    val_batch = TASKS[args.model].val_batch
+    if args.val_seqs <= 0 or args.val_seqs % val_batch:
+        ap.error(f"--val-seqs must be a positive multiple of {val_batch} for --model {args.model}")
     task = TASKS[args.model](args, DEVICE)
-    if args.val_seqs <= 0 or args.val_seqs % task.val_batch:
-        ap.error(f"--val-seqs must be a positive multiple of {task.val_batch} for --model {args.model}")
     args.optimizer = args.optimizer or task.optimizer
     args.lr = task.lr if args.lr is None else args.lr
     val = task.val_batches(args.val_seqs)
+    if any(parse_config(c)["kind"] == "lowbit" for c in args.configs):
+        lowbit_torch.load()  # built (or loaded) before the clock starts: --budget is training time
     with open(args.out, "a", newline="") as fh:  # one file per process: rows are not locked
         w = csv.writer(fh, lineterminator="\n")
         if fh.tell() == 0:
             w.writerow(["config", "seed", "ranks", "step", "train_loss", "val_loss", "seconds"])
             fh.flush()
-        if any(parse_config(c)["kind"] == "lowbit" for c in args.configs):
-            lowbit_torch.load()  # built (or loaded) before the clock starts: --budget is training time
         for cfg in args.configs:
             run(cfg, args, task, val, w, fh)
 

@@ -67,7 +67,7 @@ def build_extension():
     # simulate_dp's import: an installed lowbit_torch first, else the package beside it
     code = (f"import sys; sys.path.append({os.path.dirname(HERE)!r}); "
             "import lowbit_torch; lowbit_torch.load()")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=HERE)  # sys.path[0] as the script's
 
 
 def main(argv):
