@@ -1,7 +1,8 @@
 """A GPT-2-like byte-level language model trained with DistributedDataParallel, its
 gradients all-reduced by lowbit's hook, by DDP's default all-reduce or by torch's
-bf16_compress_hook: the example of using lowbit from a DDP script, and the step-time
-comparison.
+bf16_compress_hook (or not at all: --comm none, each rank's own gradient, the step's
+compute alone): the example of using lowbit from a DDP script, and the step-time
+comparison (step_time.py runs it in each link regime and writes the CSV).
 
   torchrun --nproc-per-node 2 examples/pytorch/train/train_gpt_ddp.py --comm lowbit --bits 4
   torchrun --nproc-per-node 2 examples/pytorch/train/train_gpt_ddp.py --comm nccl
@@ -10,15 +11,17 @@ comparison.
 Each rank draws its own batches (seeded by --seed and its rank) from the Python standard
 library's sources; rank 0 prints the validation loss at the end, the median step time
 over the timed steps (CUDA events around forward, backward with the all-reduce, and the
-optimizer step), and the hook's counters. --device cpu runs the nccl and bf16 paths over
-gloo as a smoke test (lowbit's collectives need CUDA).
+optimizer step; the host clock on the CPU), and the hook's counters. --device cpu runs
+the nccl, bf16 and none paths over gloo as a smoke test (lowbit's collectives need CUDA).
 """
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,7 +35,9 @@ from corpus import Corpus  # noqa: E402
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--comm", choices=["lowbit", "nccl", "bf16"], default="lowbit")
+    ap.add_argument("--comm", choices=["lowbit", "nccl", "bf16", "none"], default="lowbit",
+                    help="none: DDP's no_sync, no all-reduce (the compute alone; each "
+                    "rank's model then drifts on its own gradients)")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--feedback", default="residual")
     ap.add_argument("--grid", help="zero or full; default: lowbit_torch.gradient_grid(bits)")
@@ -45,10 +50,17 @@ def parse_args():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--width", type=int, default=384)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--val-seqs", type=int, default=256, help="validation sequences")
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.val_seqs < 32 or args.val_seqs % 32:
+        ap.error(f"--val-seqs must be a positive multiple of 32 (the validation batch), "
+                 f"got {args.val_seqs}")
+    if not 0 < args.timed <= args.steps:
+        ap.error(f"--timed must be in 1..--steps ({args.steps}), got {args.timed}")
+    return args
 
 
 def main():
@@ -78,6 +90,27 @@ def main():
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+
+
+class StepClock:
+    """Milliseconds of one step: CUDA events on the GPU, the host clock on the CPU (where
+    every operation is synchronous)."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        if cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def elapsed_ms(self):
+        if not self.cuda:
+            return (time.perf_counter() - self.t0) * 1e3
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
 
 
 def train(args, rank, local, world, device, cuda):
@@ -111,28 +144,28 @@ def train(args, rank, local, world, device, cuda):
     times = []
     for step in range(args.steps):
         b = corpus.batch(gen, args.batch)
-        timed = cuda and step >= args.steps - args.timed
+        timed = step >= args.steps - args.timed
         if timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            clock = StepClock(cuda)
         opt.zero_grad(set_to_none=True)
-        with amp:
-            logits = ddp(b[:, :-1]).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), b[:, 1:].reshape(-1))
-        loss.backward()
+        with ddp.no_sync() if args.comm == "none" else contextlib.nullcontext():
+            with amp:
+                logits = ddp(b[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
+                                                     b[:, 1:].reshape(-1))
+            loss.backward()
         opt.step()
         if timed:
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(clock.elapsed_ms())
 
     ddp.eval()
     with torch.no_grad(), amp:
         val = [torch.nn.functional.cross_entropy(
             ddp.module(v[:, :-1]).logits.float().reshape(-1, 256), v[:, 1:].reshape(-1))
-            for v in corpus.val_batches(256, 32)]
+            for v in corpus.val_batches(args.val_seqs, 32)]
     val_loss = torch.stack(val).mean()
-    dist.all_reduce(val_loss)  # identical parameters give identical losses; averaged anyway
+    # identical parameters give identical losses; under --comm none the ranks' mean
+    dist.all_reduce(val_loss)
     if rank == 0:
         print(f"comm={args.comm} bits={args.bits if args.comm == 'lowbit' else '-'} "
               f"ranks={world} steps={args.steps} val_loss={val_loss.item() / world:.4f}")
