@@ -37,6 +37,7 @@ import contextlib
 import csv
 import math
 import os
+import re
 import sys
 import time
 
@@ -66,6 +67,12 @@ def parse_config(name):
     if name in ("bf16", "fp32"):
         return {"name": name, "kind": name}
     parts = name.split("-")
+    if (len(parts) < 3 or not re.fullmatch(r"b[1248]", parts[0])
+            or parts[1] not in ("zero", "full")
+            or not re.fullmatch(r"none|residual|residual_bf16|residual_stage2|ef21|"
+                                r"damped(0|1)?\.\d+", parts[2])):
+        raise ValueError(f"unknown configuration {name!r}: bf16, fp32 or "
+                         "b<1|2|4|8>-<zero|full>-<feedback>[-stochastic][-warm<k>]")
     c = {"name": name, "kind": "lowbit", "bits": int(parts[0][1:]), "grid": parts[1],
          "feedback": parts[2], "rounding": "nearest", "warm": 0}
     for p in parts[3:]:
@@ -245,6 +252,16 @@ def resnet(width, blocks, classes):
 TASKS = {"gpt": GPT, "cnn": CNN}
 
 
+def optimizer(params, args, device):
+    """The run's optimizer: AdamW (the GPT's) or SGD with Nesterov momentum (the CNN's)."""
+    fused = device.type == "cuda"
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=fused)
+    return torch.optim.SGD(params, lr=args.lr, momentum=0.9, nesterov=True,
+                           weight_decay=5e-4, fused=fused)
+
+
 def lr_at(step, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -316,13 +333,7 @@ class Run:
         for p in params:  # gradients accumulate straight into the flat buffer
             p.grad = self.flat[off:off + p.numel()].view_as(p)
             off += p.numel()
-        fused = device.type == "cuda"
-        if args.optimizer == "adamw":
-            self.opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
-                                         weight_decay=0.1, fused=fused)
-        else:
-            self.opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9, nesterov=True,
-                                       weight_decay=5e-4, fused=fused)
+        self.opt = optimizer(params, args, device)
         self.reducer = Reducer(parse_config(cfg_name), args.ranks, n, device, seed)
         self.grads = torch.empty(args.ranks, n, device=device)
         self.gen = torch.Generator().manual_seed(seed)
@@ -392,8 +403,10 @@ def run(cfg_name, args, task, val, writer, fh):
                 break
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
+def parser(description):
+    """The arguments of a run (the model, its data, schedule, seeds, configurations and
+    output), which real_dp.py shares."""
+    ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(TASKS), default="gpt")
     ap.add_argument("--ranks", type=int, default=2)
@@ -416,6 +429,41 @@ def main():
     ap.add_argument("--until", type=int, metavar="STEP",
                     help="stop after this step of the --steps schedule: the whole run's rows "
                          "to that step, and one at STEP itself")
+    ap.add_argument("--device", default="cuda")
+    return ap
+
+
+def checked(ap, args):
+    """args after the checks every run makes, with the model's optimizer and learning rate
+    filled in; the task (model and data) and its validation batches."""
+    if args.until is not None and not 0 < args.until <= args.steps:
+        ap.error(f"--until must be in 1..--steps ({args.steps})")
+    for c in args.configs:
+        try:
+            parse_config(c)
+        except ValueError as e:
+            ap.error(str(e))
+    val_batch = TASKS[args.model].val_batch
+    if args.val_seqs <= 0 or args.val_seqs % val_batch:
+        ap.error(f"--val-seqs must be a positive multiple of {val_batch} for --model {args.model}")
+    task = TASKS[args.model](args, torch.device(args.device))
+    args.optimizer = args.optimizer or task.optimizer
+    args.lr = task.lr if args.lr is None else args.lr
+    return task, task.val_batches(args.val_seqs)
+
+
+def open_csv(path):
+    """The CSV file (appended to) and its writer; the header where the file is new."""
+    fh = open(path, "a", newline="")
+    w = csv.writer(fh, lineterminator="\n")
+    if fh.tell() == 0:
+        w.writerow(["config", "seed", "ranks", "step", "train_loss", "val_loss", "seconds"])
+        fh.flush()
+    return fh, w
+
+
+def main():
+    ap = parser(__doc__)
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds per configuration; stops at the last evaluation that fits")
     ap.add_argument("--graphs", action="store_true",
@@ -423,30 +471,18 @@ def main():
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help=f"print torch.profiler's table of steps {PROFILE_FROM} to "
                          f"{PROFILE_FROM - 1}+K (CPU and CUDA time by phase and op)")
-    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     global DEVICE, PROFILING
     DEVICE = torch.device(args.device)
     PROFILING = args.profile > 0
-    if args.until is not None and not 0 < args.until <= args.steps:
-        ap.error(f"--until must be in 1..--steps ({args.steps})")
     if args.graphs and DEVICE.type != "cuda":
         ap.error("--graphs needs --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
-    val_batch = TASKS[args.model].val_batch
-    if args.val_seqs <= 0 or args.val_seqs % val_batch:
-        ap.error(f"--val-seqs must be a positive multiple of {val_batch} for --model {args.model}")
-    task = TASKS[args.model](args, DEVICE)
-    args.optimizer = args.optimizer or task.optimizer
-    args.lr = task.lr if args.lr is None else args.lr
-    val = task.val_batches(args.val_seqs)
+    task, val = checked(ap, args)
     if any(parse_config(c)["kind"] == "lowbit" for c in args.configs):
         lowbit_torch.load()  # built (or loaded) before the clock starts: --budget is training time
-    with open(args.out, "a", newline="") as fh:  # one file per process: rows are not locked
-        w = csv.writer(fh, lineterminator="\n")
-        if fh.tell() == 0:
-            w.writerow(["config", "seed", "ranks", "step", "train_loss", "val_loss", "seconds"])
-            fh.flush()
+    fh, w = open_csv(args.out)  # one file per process: rows are not locked
+    with fh:
         for cfg in args.configs:
             run(cfg, args, task, val, w, fh)
 

@@ -3,7 +3,8 @@
     python3 -m unittest -q test_simulate        (in examples/pytorch/train)
 
 the stroke-glyph data set, the CNN, the baselines' reduction, short CNN runs of
-simulate_dp.py (its CSV, --until, --profile, refused arguments), the batched codec call
+simulate_dp.py (its CSV, --until, --profile, refused arguments), real_dp.py's two ranks
+over gloo against the simulation (fp32 and bf16, row for row), the batched codec call
 against one call per rank (where the codec extension builds), and sweep.py's merge (no
 torch needed). Skipped, saying so, where torch is not installed."""
 
@@ -106,8 +107,11 @@ class ModelAndReducerTest(unittest.TestCase):
         c = parse_config("b2-full-residual_stage2-stochastic-warm50")
         self.assertEqual((c["bits"], c["grid"], c["feedback"], c["rounding"], c["warm"]),
                          (2, "full", "residual_stage2", "stochastic", 50))
-        with self.assertRaises(ValueError):
-            parse_config("b4-zero-none-sideways")
+        self.assertEqual(parse_config("b4-zero-damped0.5")["feedback"], "damped0.5")
+        for bad in ("b4-zero-none-sideways", "b4-zero-residul", "b3-zero-none", "b4-half-none",
+                    "b4-zero", "fp16", "b4-zero-none-warmx"):
+            with self.assertRaises(ValueError, msg=bad):
+                parse_config(bad)
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
@@ -253,6 +257,51 @@ class MergeTest(unittest.TestCase):
 
         with self.assertRaisesRegex(ValueError, r"\('bf16', 2, 0, 250\): 2.1 vs 2.2"):
             merge([[self.row("bf16", 0, 250, "2.1")], [self.row("bf16", 0, 250, "2.2")]])
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class RealRanksTest(unittest.TestCase):
+    """real_dp.py (two processes, DDP over gloo) against the simulation of two ranks: for
+    fp32 (DDP's all-reduce) and bf16 (torch's bf16_compress_hook) every row agrees to the
+    last digit, so the simulation's data order, initialisation, schedule, optimizer and
+    baselines are those of real data parallelism."""
+
+    ARGS = ["--device", "cpu", "--model", "cnn", "--steps", "4", "--eval-every", "2",
+            "--val-seqs", "256", "--batch", "4", "--layers", "1", "--width", "8",
+            "--warmup", "1", "--seeds", "0", "1", "--configs", "fp32", "bf16"]
+
+    @staticmethod
+    def rows(path):
+        with open(path, newline="") as f:
+            return {(r["config"], r["seed"], r["ranks"], r["step"]):
+                    (r["train_loss"], r["val_loss"]) for r in csv.DictReader(f)}
+
+    def test_real_ranks_match_the_simulation(self):
+        with tempfile.TemporaryDirectory() as d:
+            real, simulated = os.path.join(d, "real.csv"), os.path.join(d, "sim.csv")
+            p = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                                "--nproc-per-node", "2", os.path.join(HERE, "real_dp.py"),
+                                *self.ARGS, "--out", real],
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            p = subprocess.run([sys.executable, os.path.join(HERE, "simulate_dp.py"),
+                                *self.ARGS, "--ranks", "2", "--out", simulated],
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            got, want = self.rows(real), self.rows(simulated)
+        self.assertEqual(len(want), 2 * 2 * 2)  # configs x seeds x evaluations
+        self.assertEqual(got, want)
+
+    def test_refusals(self):
+        def refused(*extra):
+            p = subprocess.run([sys.executable, os.path.join(HERE, "real_dp.py"), *self.ARGS,
+                                *extra], capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            return p.stderr
+
+        self.assertIn("need --device cuda", refused("--configs", "b4-zero-residual"))
+        self.assertIn("simulated only", refused("--configs", "b4-zero-damped0.5"))
+        self.assertIn("the process group has 1", refused("--ranks", "2"))
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
