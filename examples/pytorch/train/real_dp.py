@@ -95,12 +95,16 @@ def main():
         ap.error(f"--ranks {args.ranks} but the process group has {world} (torchrun "
                  "--nproc-per-node sets it)")
     args.ranks = world
-    for name in args.configs:
-        c = sim.parse_config(name) if name not in ("bf16", "fp32") else {}
+    try:
+        configs = [sim.parse_config(name) for name in args.configs]
+    except ValueError as e:
+        ap.error(str(e))
+    for c in configs:
         if c.get("warm") or c.get("feedback", "").startswith("damped"):
-            ap.error(f"{name}: -warm and damped feedback are simulated only")
+            ap.error(f"{c['name']}: -warm and damped feedback are simulated only")
+    lowbit = any(c["kind"] == "lowbit" for c in configs)
     cuda = args.device == "cuda"
-    if not cuda and any(sim.parse_config(c)["kind"] == "lowbit" for c in args.configs):
+    if not cuda and lowbit:
         ap.error("lowbit's collectives need --device cuda (bf16 and fp32 run over gloo)")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29513")
@@ -122,7 +126,7 @@ def main():
                 stats = train(name, seed, args, task, val, writer, fh, rank, world, device)
                 if rank == 0 and stats is not None:
                     print(f"{name} seed {seed}: {stats}", flush=True)
-    if any(sim.parse_config(c)["kind"] == "lowbit" for c in args.configs):
+    if lowbit:
         sim.lowbit_torch.release()  # lowbit borrows the group's communicator: it goes first
     dist.barrier()
     dist.destroy_process_group()

@@ -23,7 +23,7 @@ import re
 import subprocess
 import sys
 
-from sweep import build_extension
+from sweep import build_extension, split_argv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = ["regime", "comm", "bits", "ranks", "median_ms", "min_ms", "max_ms", "timed",
@@ -79,11 +79,7 @@ def run(regime, comm, common, nproc, timeout, launcher):
 
 
 def main(argv):
-    if "--" in argv:
-        cut = argv.index("--")
-        mine, common = argv[:cut], argv[cut + 1:]
-    else:
-        mine, common = argv, []
+    mine, common = split_argv(argv)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)

@@ -70,12 +70,16 @@ def build_extension():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=HERE)  # sys.path[0] as the script's
 
 
+def split_argv(argv):
+    """(the script's own arguments, those after "--" that go to every run)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv):
-    if "--" in argv:
-        cut = argv.index("--")
-        mine, common = argv[:cut], argv[cut + 1:]
-    else:
-        mine, common = argv, []
+    mine, common = split_argv(argv)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", required=True)
