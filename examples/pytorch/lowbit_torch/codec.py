@@ -4,9 +4,9 @@ the wire format the collectives send (docs/design.md), identical from a CUDA ten
 
 import torch
 
-from ._build import extension
+from ._build import dtypes, extension
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPES = tuple(getattr(torch, name) for name in dtypes("codec"))  # those compiled
 BLOCK = 128  # values per codec block: the compiled absmax codecs' block size
 
 

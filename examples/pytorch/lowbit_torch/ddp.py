@@ -13,10 +13,11 @@ import collections
 import torch
 
 from ._build import collectives as extension
+from ._build import feedback_rules
 from .comm import communicator
 from .defaults import gradient_grid
 
-_FEEDBACK = ("none", "residual", "residual_bf16", "residual_stage2", "ef21")
+FEEDBACK = feedback_rules("all_reduce")  # the rules compiled (_build.py's table)
 
 
 class DDPState:
@@ -27,9 +28,10 @@ class DDPState:
         takes ``gradient_grid(bits)`` of the bits given here: "zero" from 4 bits up,
         "full" at 1 and 2. It stays when ``state.bits`` changes later.
     rounding: "nearest" or "stochastic" (keyed by seed, step, rank, index).
-    feedback: "none", "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual
-        plus one on the shard owner's second quantization, which lowbit's two_phase
-        algorithm makes on more than two ranks) or "ef21".
+    feedback: one of FEEDBACK, the rules compiled (the table in _build.py): "none",
+        "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual plus one on
+        the shard owner's second quantization, which lowbit's two_phase algorithm makes
+        on more than two ranks) or "ef21".
     crossover: "auto" (measured on the group's links on first use, per dtype and
         width), an int (bytes: smaller buckets take NCCL's plain all-reduce), or 0
         (always low-bit). Calls that take the plain path are counted in stats().
@@ -43,8 +45,8 @@ class DDPState:
 
     def __init__(self, process_group=None, bits=4, grid=None, rounding="nearest",
                  feedback="residual", crossover="auto", seed=0, calibrate_max_bytes=256 << 20):
-        if feedback not in _FEEDBACK:
-            raise ValueError(f"lowbit_torch.DDPState: feedback must be one of {_FEEDBACK}, "
+        if feedback not in FEEDBACK:
+            raise ValueError(f"lowbit_torch.DDPState: feedback must be one of {FEEDBACK}, "
                              f"got {feedback!r}")
         if not (crossover == "auto" or (isinstance(crossover, int) and crossover >= 0)):
             raise ValueError("lowbit_torch.DDPState: crossover must be 'auto' or bytes >= 0, "

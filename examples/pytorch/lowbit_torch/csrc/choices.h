@@ -9,6 +9,7 @@
 
 #include "collectives.h"
 #include "common.h"
+#include "instances.h"  // generated from lowbit_torch/_build.py's table
 
 namespace lowbit_torch {
 
@@ -24,15 +25,30 @@ inline codec_choice make_codec(int bits, const std::string& grid, const std::str
 }
 
 inline feedback_kind make_feedback(const std::string& f) {
-  if (f == "none") return feedback_kind::none;
-  if (f == "residual" || f == "residual_fp32") return feedback_kind::residual_f32;
-  if (f == "residual_bf16") return feedback_kind::residual_bf16;
-  if (f == "residual_stage2") return feedback_kind::residual_stage2;
-  if (f == "ef21") return feedback_kind::ef21;
-  TORCH_CHECK_VALUE(false,
-                    "lowbit_torch: feedback must be 'none', 'residual' (fp32 state), "
-                    "'residual_bf16', 'residual_stage2' or 'ef21', got '",
-                    f, "'");
+  feedback_kind kind{};
+  TORCH_CHECK_VALUE(feedback_of(f, kind), "lowbit_torch: feedback must be ", feedback_names,
+                    ", got '", f, "'");
+  return kind;
+}
+
+/// Calls f(tag<T>{}) with the instance of Instances (instances.h) compiled for dtype; a
+/// TypeError naming the dtypes compiled where there is none (hint: what to do instead).
+template <class Instances, class F>
+void with_instance(const char* what, at::ScalarType dtype, F&& f, const char* hint = "") {
+  const bool compiled = Instances::visit(dtype, f);
+  TORCH_CHECK_TYPE(compiled, what, ": compiled for ", Instances::dtypes, " tensors, got ", dtype,
+                   hint);
+}
+
+/// Calls f(tag<T>{}, tag<Feedback>{}) with the instance of Instances compiled for dtype
+/// and feedback: a TypeError for a dtype not compiled, a ValueError for a feedback rule.
+template <class Instances, class F>
+void with_instance(const char* what, at::ScalarType dtype, feedback_kind feedback, F&& f,
+                   const char* hint = "") {
+  TORCH_CHECK_TYPE(Instances::has_dtype(dtype), what, ": compiled for ", Instances::dtypes,
+                   " tensors, got ", dtype, hint);
+  const bool compiled = Instances::visit(dtype, feedback, f);
+  TORCH_CHECK_VALUE(compiled, what, ": feedback must be ", Instances::feedback);
 }
 
 inline collective_config make_config(bool average, std::uint64_t seed, std::int64_t crossover,

@@ -25,8 +25,11 @@ void bind_codec(pybind11::module_& m) {
          std::uint64_t seed, std::uint32_t step, std::uint32_t rank) {
         const codec_choice c = make_codec(bits, grid, rounding);
         const rounding_key k{seed, step, rank};
-        return with_dtype(x.scalar_type(), "lowbit_torch.encode",
-                          [&](auto t) { return encode_as<typename decltype(t)::type>(x, c, k); });
+        at::Tensor frame;
+        with_instance<codec_instances>("lowbit_torch.encode", x.scalar_type(), [&](auto t) {
+          frame = encode_as<typename decltype(t)::type>(x, c, k);
+        });
+        return frame;
       },
       py::arg("x"), py::arg("bits"), py::arg("grid"), py::arg("rounding"), py::arg("seed"),
       py::arg("step"), py::arg("rank"));
@@ -35,9 +38,11 @@ void bind_codec(pybind11::module_& m) {
       [](const at::Tensor& frame, std::int64_t count, int bits, const std::string& grid,
          at::ScalarType dtype, double scale) {
         const codec_choice c = make_codec(bits, grid, "nearest");
-        return with_dtype(dtype, "lowbit_torch.decode", [&](auto t) {
-          return decode_as<typename decltype(t)::type>(frame, count, c, scale);
+        at::Tensor out;
+        with_instance<codec_instances>("lowbit_torch.decode", dtype, [&](auto t) {
+          out = decode_as<typename decltype(t)::type>(frame, count, c, scale);
         });
+        return out;
       },
       py::arg("frame"), py::arg("count"), py::arg("bits"), py::arg("grid"), py::arg("dtype"),
       py::arg("scale"));

@@ -18,7 +18,8 @@ struct rounding_key {
   std::uint32_t rank = 0;
 };
 
-/// Defined once per element type (codec_<type>.cu), so the three compile in parallel.
+/// Instantiated once per element type (the generated codec_<dtype>.cu), so they compile in
+/// parallel.
 template <class T>
 at::Tensor encode_as(const at::Tensor& x, const codec_choice& c, const rounding_key& k);
 template <class T>

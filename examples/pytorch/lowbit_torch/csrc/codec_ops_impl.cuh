@@ -1,4 +1,5 @@
-// encode_as / decode_as for one element type; included by codec_<type>.cu only.
+// encode_as / decode_as for one element type; included by the generated codec_<dtype>.cu
+// only.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // The collectives' bindings: the communicator, AllReduce and ShardCollective, and the
-// run-time dispatch from Python's choices onto the compiled handles.
+// run-time dispatch from Python's choices onto the compiled handles (instances.h).
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -29,36 +29,21 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
                                                    feedback_kind feedback,
                                                    const collective_config& config) {
   check_max_count(max_count);
-  return with_dtype(dtype, "lowbit_torch all_reduce", [&](auto t) {
-    using T = typename decltype(t)::type;
-    using namespace lowbit::feedback;
-    switch (feedback) {
-      case feedback_kind::none:
-        return make_all_reduce_as<T, none>(comm, max_count, codec, config);
-      case feedback_kind::residual_f32:
-        return make_all_reduce_as<T, residual<float>>(comm, max_count, codec, config);
-      case feedback_kind::residual_bf16:
-        return make_all_reduce_as<T, residual<__nv_bfloat16>>(comm, max_count, codec, config);
-      case feedback_kind::residual_stage2:
-        return make_all_reduce_as<T, residual<float, true>>(comm, max_count, codec, config);
-      case feedback_kind::ef21:
-        break;
-    }
-    return make_all_reduce_as<T, ef21<float>>(comm, max_count, codec, config);
-  });
+  std::unique_ptr<all_reduce_handle> h;
+  with_instance<all_reduce_instances>("lowbit_torch all_reduce", dtype, feedback,
+                                      [&](auto t, auto f) {
+                                        h = make_all_reduce_as<typename decltype(t)::type,
+                                                               typename decltype(f)::type>(
+                                            comm, max_count, codec, config);
+                                      });
+  return h;
 }
 
 namespace {
 
-/// FSDP2 reduces in float32 or bfloat16 (its reduce_dtype); those are compiled.
-template <class F>
-decltype(auto) with_fsdp_dtype(at::ScalarType t, const char* what, F&& f) {
-  if (t == at::kFloat) return f(tag<float>{});
-  TORCH_CHECK_TYPE(t == at::kBFloat16, what,
-                   ": the FSDP collectives are compiled for float32 and bfloat16, got ", t,
-                   " (set MixedPrecisionPolicy(reduce_dtype=torch.float32 or torch.bfloat16))");
-  return f(tag<__nv_bfloat16>{});
-}
+/// What to do about a dtype the FSDP collectives are not compiled for.
+constexpr const char* fsdp_dtype_hint =
+    " (set MixedPrecisionPolicy(reduce_dtype=torch.float32 or torch.bfloat16))";
 
 }  // namespace
 
@@ -66,15 +51,15 @@ std::unique_ptr<shard_collective_handle> make_reduce_scatter(
     const communicator& comm, at::ScalarType dtype, std::int64_t max_count,
     const codec_choice& codec, feedback_kind feedback, const collective_config& config) {
   check_max_count(max_count);
-  TORCH_CHECK_VALUE(feedback == feedback_kind::none || feedback == feedback_kind::residual_f32,
-                    "lowbit_torch reduce_scatter: feedback must be 'none' or 'residual'");
-  return with_fsdp_dtype(dtype, "lowbit_torch reduce_scatter", [&](auto t) {
-    using T = typename decltype(t)::type;
-    if (feedback == feedback_kind::none)
-      return make_reduce_scatter_as<T, lowbit::feedback::none>(comm, max_count, codec, config);
-    return make_reduce_scatter_as<T, lowbit::feedback::residual<float>>(comm, max_count, codec,
-                                                                        config);
-  });
+  std::unique_ptr<shard_collective_handle> h;
+  with_instance<reduce_scatter_instances>(
+      "lowbit_torch reduce_scatter", dtype, feedback,
+      [&](auto t, auto f) {
+        h = make_reduce_scatter_as<typename decltype(t)::type, typename decltype(f)::type>(
+            comm, max_count, codec, config);
+      },
+      fsdp_dtype_hint);
+  return h;
 }
 
 std::unique_ptr<shard_collective_handle> make_all_gather(const communicator& comm,
@@ -83,10 +68,14 @@ std::unique_ptr<shard_collective_handle> make_all_gather(const communicator& com
                                                          const codec_choice& codec,
                                                          const collective_config& config) {
   check_max_count(max_count);
-  return with_fsdp_dtype(dtype, "lowbit_torch all_gather", [&](auto t) {
-    using T = typename decltype(t)::type;
-    return make_all_gather_as<T>(comm, max_count, codec, config);
-  });
+  std::unique_ptr<shard_collective_handle> h;
+  with_instance<all_gather_instances>(
+      "lowbit_torch all_gather", dtype,
+      [&](auto t) {
+        h = make_all_gather_as<typename decltype(t)::type>(comm, max_count, codec, config);
+      },
+      fsdp_dtype_hint);
+  return h;
 }
 
 void bind_collectives(pybind11::module_& m) {

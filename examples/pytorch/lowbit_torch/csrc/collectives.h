@@ -1,7 +1,8 @@
 // Type-erased handles onto lowbit's collectives, as Python sees them: the element type,
-// codec and feedback are chosen at run time, each combination compiled once (one source
-// file per element type and feedback, so they compile in parallel). Every call is
-// enqueued on torch's current stream and returns at once.
+// codec and feedback are chosen at run time, each combination compiled once (one
+// generated source per element type and feedback, so they compile in parallel: the
+// table in lowbit_torch/_build.py says which). Every call is enqueued on torch's current
+// stream and returns at once.
 #pragma once
 
 #include <torch/extension.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "common.h"
+#include "instances.h"
 #include "lowbit/collective/types.hpp"
 
 namespace lowbit_torch {
@@ -67,7 +69,8 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
                                                    feedback_kind feedback,
                                                    const collective_config& config);
 
-/// The factories per (element type, feedback), each defined in its own source.
+/// The factories per (element type, feedback), each instantiated in its own
+/// generated source.
 template <class T, class Feedback>
 std::unique_ptr<all_reduce_handle> make_all_reduce_as(const communicator& comm,
                                                       std::int64_t max_count,

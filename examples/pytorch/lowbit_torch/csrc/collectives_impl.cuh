@@ -1,5 +1,5 @@
 // The handles' implementations over lowbit's NCCL collectives; included by the
-// per-(type, feedback) sources only.
+// generated per-(type, feedback) sources only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,30 +14,6 @@
 namespace lowbit_torch {
 
 namespace detail {
-
-/// The feedback policy of each feedback_kind.
-template <feedback_kind K>
-struct feedback_policy;
-template <>
-struct feedback_policy<feedback_kind::none> {
-  using type = lowbit::feedback::none;
-};
-template <>
-struct feedback_policy<feedback_kind::residual_f32> {
-  using type = lowbit::feedback::residual<float>;
-};
-template <>
-struct feedback_policy<feedback_kind::residual_bf16> {
-  using type = lowbit::feedback::residual<__nv_bfloat16>;
-};
-template <>
-struct feedback_policy<feedback_kind::residual_stage2> {
-  using type = lowbit::feedback::residual<float, true>;
-};
-template <>
-struct feedback_policy<feedback_kind::ef21> {
-  using type = lowbit::feedback::ef21<float>;
-};
 
 /// A copy of `count` elements of device state as a CUDA tensor (empty for none).
 template <class R>

@@ -1,7 +1,8 @@
 // What every source of the extension shares: the codec menu compiled in, the run-time
-// dispatch from Python's choices onto lowbit's template arguments, and tensor checks
+// dispatch from Python's codec choice onto lowbit's template arguments, and tensor checks
 // that raise Python exceptions (ValueError / TypeError / RuntimeError) naming the
-// argument.
+// argument. The element types and feedback rules compiled are in the generated
+// instances.h.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -36,11 +37,6 @@ struct codec_choice {
   bool zero_grid = true;
   bool stochastic = false;
 };
-
-/// Error feedback chosen at run time.
-/// residual_stage2: residual_f32 plus the shard owner's residual on its second
-/// quantization (two_phase, more than two ranks; lowbit::feedback::residual<float, true>).
-enum class feedback_kind { none, residual_f32, residual_bf16, residual_stage2, ef21 };
 
 template <class T>
 struct tag {
@@ -86,22 +82,6 @@ decltype(auto) with_codec(const codec_choice& c, F&& f) {
       return f(tag<typename family::template of<decltype(b)::value>>{});
     });
   });
-}
-
-/// Calls f(tag<T>{}) for a float32, float16 or bfloat16 tensor type.
-template <class F>
-decltype(auto) with_dtype(at::ScalarType t, const char* what, F&& f) {
-  switch (t) {
-    case at::kFloat:
-      return f(tag<float>{});
-    case at::kHalf:
-      return f(tag<__half>{});
-    case at::kBFloat16:
-      return f(tag<__nv_bfloat16>{});
-    default:
-      break;
-  }
-  TORCH_CHECK_TYPE(false, what, ": lowbit supports float32, float16 and bfloat16 tensors, got ", t);
 }
 
 /// The torch dtype of T.

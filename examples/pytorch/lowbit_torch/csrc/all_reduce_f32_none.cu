@@ -1,7 +1,0 @@
-// all_reduce handles for float gradients with feedback none.
-#include "collectives_impl.cuh"
-
-namespace lowbit_torch {
-template std::unique_ptr<all_reduce_handle> make_all_reduce_as<float, lowbit::feedback::none>(
-    const communicator&, std::int64_t, const codec_choice&, const collective_config&);
-}  // namespace lowbit_torch

@@ -1,6 +1,0 @@
-// The codec functions for __half tensors (one file per type: they compile in parallel).
-#include "codec_ops_impl.cuh"
-
-namespace lowbit_torch {
-LOWBIT_TORCH_INSTANTIATE_CODEC(__half)
-}  // namespace lowbit_torch

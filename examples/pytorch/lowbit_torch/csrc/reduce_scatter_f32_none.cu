@@ -1,9 +1,0 @@
-// reduce_scatter handles for float gradients with feedback none.
-#include "collectives_impl.cuh"
-
-namespace lowbit_torch {
-template std::unique_ptr<shard_collective_handle>
-make_reduce_scatter_as<float, lowbit::feedback::none>(const communicator&, std::int64_t,
-                                                      const codec_choice&,
-                                                      const collective_config&);
-}  // namespace lowbit_torch
