@@ -9,139 +9,28 @@
 #include <memory>
 #include <vector>
 
+#include "device_harness.cuh"
 #include "lowbit/collective/mpi.hpp"
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/comm/mpi_bootstrap.hpp"
 
 namespace lowbit::test {
 
-// The NCCL backend models the backend concept (collective/detail/backend_concept.hpp).
+// The NCCL backend models the backend concept (collective/backend.hpp).
 static_assert(detail::is_backend_impl_v<detail::backend_impl<backend::nccl>>);
 
 std::unique_ptr<comm::nccl_comm> g_comm;
 cudaStream_t g_stream = nullptr;
 
-/// A device copy of a host vector (or `n` uninitialised elements).
-template <class T>
-struct dvec {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dvec(std::size_t n_) : n(n_) {
-    if (n) LOWBIT_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
-  }
-  explicit dvec(const std::vector<T>& h) : dvec(h.size()) {
-    if (n) LOWBIT_CUDA_TRY(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  dvec(const dvec&) = delete;
-  ~dvec() {
-    if (p) cudaFree(p);
-  }
-  void to(std::vector<T>& h) const {
-    if (n) LOWBIT_CUDA_TRY(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  }
-};
-
-/// Runs calls on device copies of host vectors, on one stream, then syncs (polling
-/// NCCL's asynchronous errors) and copies back.
-struct harness {
-  using backend = lowbit::backend::nccl;
-  static const comm::nccl_comm& comm() { return *g_comm; }
-  static const comm::nccl_comm& empty_comm() {
-    static const comm::nccl_comm c;
-    return c;
-  }
-  template <class C, class T>
-  static void call(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count) {
-    dvec<T> din(in), dout(out.size());
-    c.async(din.p, dout.p, count, g_stream);
-    g_comm->sync(g_stream);
-    dout.to(out);
-  }
-  template <class C, class T>
-  static void call_in_place(C& c, std::vector<T>& buf, std::size_t in_off, std::size_t out_off,
-                            std::size_t count) {
-    dvec<T> d(buf);
-    c.async(d.p + in_off, d.p + out_off, count, g_stream);
-    g_comm->sync(g_stream);
-    d.to(buf);
-  }
-  template <class C>
-  static void call_raw(C& c, const typename C::value_type* in, typename C::value_type* out,
-                       std::size_t count) {
-    using T = typename C::value_type;
-    dvec<T> din(in ? count : 0), dout(out ? count : 0);
-    c.async(din.p, dout.p, count, g_stream);
-    g_comm->sync(g_stream);
-  }
-  template <class C, class T>
-  static void call_typed(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count,
-                         data_type type) {
-    dvec<T> din(in), dout(out.size());
-    c.async(static_cast<const void*>(din.p), static_cast<void*>(dout.p), count, type, g_stream);
-    g_comm->sync(g_stream);
-    dout.to(out);
-  }
-  template <class C, class T>
-  static void call_dynamic(C& c, const std::vector<T>& in, std::vector<T>& out, std::size_t count,
-                           int bits) {
-    dvec<T> din(in), dout(out.size());
-    c.async(din.p, dout.p, count, bits, g_stream);
-    g_comm->sync(g_stream);
-    dout.to(out);
-  }
-};
+const comm::nccl_comm& world() { return *g_comm; }
+/// collective_cases.hpp's harness: device copies, the collective's own sync().
+using harness = device_harness<backend::nccl, comm::nccl_comm, &world, g_stream>;
 
 }  // namespace lowbit::test
 
-#include "collective_cases.hpp"
+#include "device_cases.cuh"
 
 namespace lowbit::test {
-
-const comm::mpi_comm& host_comm() {
-  static const comm::mpi_comm c(MPI_COMM_WORLD);
-  return c;
-}
-
-/// The same all_reduce, step after step, on the device and on the host backend.
-template <class T, class C, class F, class S>
-void check_host_device(
-    std::size_t count, int steps, std::uint64_t salt,
-    all_reduce_algorithm algo = all_reduce_algorithm::automatic,
-    frame_transport transport = frame_transport::automatic,
-    const lowbit::transport::policy& tuning = lowbit::transport::default_policy()) {
-  INFO("count " << count << ", " << C::bits << " bits, " << F::name << ", " << S::name << ", "
-                << to_string(algo) << ", " << to_string(transport) << ", "
-                << lowbit::transport::to_string(tuning));
-  const inputs<T> in(input_kind::normal, count, salt);
-  collective_options o;
-  o.seed = shared_seed() ^ salt;
-  o.op = reduce_op::avg;
-  o.algorithm = algo;
-  o.transport = transport;
-  o.transport_policy = tuning;
-  lowbit::all_reduce<T, C, F, S, backend::nccl> dev(*g_comm, count, o);
-  // automatic reports copy_engines where the peers are mapped and NCCL has CTA policies;
-  // peer_stores and copy_engines fall back to nccl_symmetric where they cannot be used.
-  const frame_transport got = dev.transport();
-  if (transport == frame_transport::nccl) CHECK(got == frame_transport::nccl);
-  if (transport == frame_transport::nccl_symmetric) CHECK(got == frame_transport::nccl_symmetric);
-  if (transport == frame_transport::peer_stores)
-    CHECK((got == frame_transport::peer_stores || got == frame_transport::nccl_symmetric));
-  if (transport == frame_transport::copy_engines || transport == frame_transport::automatic)
-    CHECK((got == frame_transport::copy_engines || got == frame_transport::nccl_symmetric));
-  lowbit::all_reduce<T, C, F, S, backend::mpi> host(host_comm(), count, o);
-  dvec<T> din(in.mine()), dout(count);
-  std::vector<T> a(count), b(count);
-  int mismatched_steps = 0;
-  for (int t = 0; t < steps; ++t) {
-    dev.async(din.p, dout.p, count, g_stream);
-    g_comm->sync(g_stream);
-    dout.to(a);
-    host(in.mine().data(), b.data(), count);
-    mismatched_steps += std::memcmp(a.data(), b.data(), count * sizeof(T)) != 0;
-  }
-  CHECK(mismatched_steps == 0);
-}
 
 TEST_CASE("nccl vs host backend: the whole all_reduce is bit-exact, feedback state included") {
   using C4s = codec<quant::absmax<4, 128>, round::stochastic>;
@@ -217,39 +106,6 @@ TEST_CASE("reduce_scatter and all_gather match the host backend on every transpo
     ag_host(in.mine().data(), b.data(), count);
     CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
   }
-}
-
-template <class S>
-void check_graph(std::size_t count, frame_transport transport = frame_transport::automatic) {
-  using C = codec<quant::absmax<4, 128>, round::stochastic>;
-  const inputs<float> in(input_kind::normal, count, 77);
-  collective_options o;
-  o.transport = transport;
-  lowbit::all_reduce<float, C, feedback::none, S, backend::nccl> reduce(*g_comm, count, o);
-  dvec<float> din(in.mine()), dout(count);
-  std::vector<float> eager(count), replay(count);
-  reduce.async(din.p, dout.p, count, g_stream);  // step 0, eagerly
-  g_comm->sync(g_stream);
-  dout.to(eager);
-  reduce.set_step(0);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  LOWBIT_CUDA_TRY(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
-  reduce.async(din.p, dout.p, count, g_stream);  // captured: no host sync, no allocation
-  LOWBIT_CUDA_TRY(cudaStreamEndCapture(g_stream, &graph));
-  LOWBIT_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
-  int wrong = 0;
-  for (int r = 0; r < 10; ++r) {
-    LOWBIT_CUDA_TRY(cudaMemsetAsync(dout.p, 0, count * sizeof(float), g_stream));
-    LOWBIT_CUDA_TRY(cudaGraphLaunch(exec, g_stream));
-    g_comm->sync(g_stream);
-    dout.to(replay);
-    wrong += std::memcmp(eager.data(), replay.data(), count * sizeof(float)) != 0;
-  }
-  // Teardown order matters: a graph exec holding NCCL work must go before the comm.
-  LOWBIT_CUDA_TRY(cudaGraphExecDestroy(exec));
-  LOWBIT_CUDA_TRY(cudaGraphDestroy(graph));
-  CHECK(wrong == 0);
 }
 
 TEST_CASE("a call captured in a CUDA graph replays the eager result") {

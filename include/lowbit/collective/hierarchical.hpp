@@ -86,8 +86,6 @@ class hierarchical_base {
   }
 
  protected:
-  static constexpr bool on_nccl = std::is_same_v<Backend, backend::nccl>;
-
   hierarchical_base(const comm_type& intra, const comm_type& inter, std::size_t max_count,
                     const collective_options& opts, const char* who)
       : max_count_(max_count),
@@ -271,7 +269,8 @@ class hierarchical_all_reduce
   }
   /// The same, enqueued on `stream` (NCCL only); in checked mode it synchronises.
   void async(const T* in, T* out, std::size_t count, stream_type stream) {
-    static_assert(base::on_nccl, "lowbit: async() exists on the NCCL backend only");
+    static_assert(stream_ordered_v<Backend>,
+                  "lowbit: async() exists on stream-ordered backends (NCCL, node) only");
     run(in, out, count, stream);
   }
   /// Stage 2's algorithm (one_shot on two nodes by default).
@@ -356,7 +355,8 @@ class hierarchical_reduce_scatter
   }
   /// The same, enqueued on `stream` (NCCL only).
   void async(const T* in, T* out, std::size_t count, stream_type stream) {
-    static_assert(base::on_nccl, "lowbit: async() exists on the NCCL backend only");
+    static_assert(stream_ordered_v<Backend>,
+                  "lowbit: async() exists on stream-ordered backends (NCCL, node) only");
     run(in, out, count, stream);
   }
 

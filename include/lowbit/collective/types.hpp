@@ -120,17 +120,30 @@ struct collective_options {
   bool verify = false;
 };
 
-/// Backend tags: where the buffers live and what moves them.
+/// The base of every backend tag: a type deriving from it names a backend, whose
+/// implementation is lowbit::backend_impl<Tag> (collective/backend.hpp, the extension point).
+struct backend_tag {};
+/// True when B is a backend tag.
+template <class B>
+inline constexpr bool is_backend_tag_v = std::is_base_of_v<backend_tag, B>;
+
+/// lowbit's backend tags: where the buffers live and what moves them.
 namespace backend {
 /// Device buffers on a cudaStream_t; NCCL moves the frames, CUDA kernels code them.
 /// Include lowbit/collective/nccl.cuh.
-struct nccl {
+struct nccl : backend_tag {
   static constexpr const char* name = "nccl";
 };
 /// Host buffers; MPI moves the frames, the host executor codes them (the reference,
 /// and a CPU-only path). Include lowbit/collective/mpi.hpp.
-struct mpi {
+struct mpi : backend_tag {
   static constexpr const char* name = "mpi";
+};
+/// Device buffers on a cudaStream_t for the ranks of one node, without NCCL: each rank
+/// maps its peers' workspace with CUDA IPC and stores its frames into them (several ranks
+/// may share one GPU). Include lowbit/collective/node.cuh.
+struct node : backend_tag {
+  static constexpr const char* name = "node";
 };
 }  // namespace backend
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "lowbit/collective/detail/backend_concept.hpp"
+#include "lowbit/collective/backend.hpp"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/host_buffer.hpp"
@@ -20,14 +20,17 @@
 
 namespace lowbit::detail {
 
-template <>
-struct backend_impl<backend::mpi> {
+/// backend_impl<backend::mpi>'s members (collective/backend.hpp lists them).
+class mpi_backend {
+ public:
   using comm_type = comm::mpi_comm;
   /// The host backend has no streams: calls complete before they return.
   struct stream_type {};
   template <class U>
   using buffer = host_buffer<U>;
   using transfer_buffer = host_buffer<std::byte>;
+  /// Calls complete before they return.
+  static constexpr bool stream_ordered = false;
   /// The host executor sums a shard's frames in an fp32 scratch array.
   static constexpr bool needs_sum_scratch = true;
   /// No plain fallback: the host backend always runs the codec (it is the reference).
@@ -41,7 +44,7 @@ struct backend_impl<backend::mpi> {
 
   /// Collective: duplicates the communicator (MPI_Comm_dup), so lowbit's messages travel
   /// apart from the caller's and from other collective objects'.
-  backend_impl(const comm_type& comm, int /*events*/, int /*streams*/)
+  mpi_backend(const comm_type& comm, int /*events*/, int /*streams*/)
       : comm_(&comm), own_(comm_type::duplicate(comm.get())) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
@@ -62,7 +65,7 @@ struct backend_impl<backend::mpi> {
     if (in != out && n > 0 && in != nullptr && out != nullptr) std::memmove(out, in, n * sizeof(U));
   }
   /// Calls complete before they return: nothing to wait for.
-  void wait_for(stream_type, const call_check&) {}
+  void sync(stream_type, const call_check&) {}
   void set_check_stream(stream_type) {}
   /// Stamps a frame with this call's header.
   void stamp(lane, std::byte* slot, const frame_header& h, const header_set&) {
@@ -125,9 +128,12 @@ struct backend_impl<backend::mpi> {
 
   /// Sends each peer p its send_bytes[p] at send + send_off[p] and receives each peer's
   /// into recv + recv_off[p] (recv_bytes[p] expected); zero-byte entries are no message.
-  void alltoallv(lane, const std::byte* send, const std::size_t* send_bytes,
-                 const std::size_t* send_off, std::byte* recv, const std::size_t* recv_bytes,
-                 const std::size_t* recv_off, call_check& cc) {
+  void alltoallv(lane, const transfer_buffer& send_buf, const std::size_t* send_bytes,
+                 const std::size_t* send_off, transfer_buffer& recv_buf,
+                 const std::size_t* recv_bytes, const std::size_t* recv_off,
+                 const std::size_t* /*peer_recv_off*/, call_check& cc) {
+    const std::byte* send = send_buf.data();
+    std::byte* recv = recv_buf.data();
     sends_.clear();
     recvs_.clear();
     for (int p = 0; p < comm_->size(); ++p) {
@@ -290,6 +296,12 @@ struct backend_impl<backend::mpi> {
   std::vector<std::byte> small_;  ///< allgather_small's result
 };
 
-static_assert(check_backend<backend_impl<backend::mpi>>());
-
 }  // namespace lowbit::detail
+
+namespace lowbit {
+template <>
+struct backend_impl<backend::mpi> : detail::mpi_backend {
+  using detail::mpi_backend::mpi_backend;
+};
+static_assert(check_backend<backend_impl<backend::mpi>>());
+}  // namespace lowbit

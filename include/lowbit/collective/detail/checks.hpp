@@ -20,9 +20,9 @@
 
 namespace lowbit::detail {
 
+/// Open to new backends: any tag deriving from lowbit::backend_tag (types.hpp).
 template <class B>
-inline constexpr bool is_backend_v =
-    std::is_same_v<B, backend::nccl> || std::is_same_v<B, backend::mpi>;
+inline constexpr bool is_backend_v = is_backend_tag_v<B>;
 
 template <class W>
 struct is_bit_widths : std::false_type {};
@@ -130,8 +130,9 @@ using checked_base_t =
 #define LOWBIT_DETAIL_IS_SCHEDULE                                                            \
   "a schedule (lowbit::schedule::flat, pipelined<Chunks> or ramped<MaxChunks>; the default " \
   "is ramped<>)"
-#define LOWBIT_DETAIL_IS_BACKEND \
-  "a backend tag (lowbit::backend::nccl, the default, or lowbit::backend::mpi)"
+#define LOWBIT_DETAIL_IS_BACKEND                                                \
+  "a backend tag (lowbit::backend::nccl, the default, lowbit::backend::mpi or " \
+  "lowbit::backend::node)"
 
 // One parameter X that must satisfy OK; WHAT is "the <n>th parameter of <collective> is
 // <what it must be>". Exactly one assertion fails when X is wrong: the one naming its kind.

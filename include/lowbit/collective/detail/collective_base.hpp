@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "lowbit/collective/backend.hpp"
 #include "lowbit/collective/detail/checks.hpp"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/types.hpp"
@@ -84,11 +85,11 @@ class collective_base {
       : engine_(comm, max_count, opts, kind, who) {}
   ~collective_base() = default;
 
-  /// async() exists on the NCCL backend only: a readable error elsewhere.
+  /// async() exists where calls are stream-ordered (NCCL, node): a readable error elsewhere.
   static void require_async() {
-    static_assert(std::is_same_v<Backend, backend::nccl>,
-                  "lowbit: async() enqueues a call on a CUDA stream, which only the NCCL backend "
-                  "has; on the MPI backend operator() completes the call before returning");
+    static_assert(stream_ordered_v<Backend>,
+                  "lowbit: async() enqueues a call on a CUDA stream, which this backend does "
+                  "not have; on the MPI backend operator() completes the call before returning");
   }
 
   /// The untyped entry points' check: throws lowbit::invalid_argument unless `type` is T's.

@@ -1,5 +1,6 @@
 // The schedule logic of the three collectives, written once against a backend
-// (detail::backend_impl<Backend>: the MPI host backend or the NCCL device backend).
+// (backend_impl<Backend>, collective/backend.hpp: the MPI host backend, the NCCL device
+// backend, the node backend).
 //
 // all_reduce, per chunk k (piece k of every rank's shard; one chunk for schedule::flat):
 //   1 compute  encode piece k of every shard (stage 0): own piece into its receive slot
@@ -38,6 +39,7 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/codec/philox.hpp"
+#include "lowbit/collective/backend.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/core/config.hpp"
@@ -47,17 +49,6 @@
 #include "lowbit/schedule/schedule.hpp"
 
 namespace lowbit::detail {
-
-/// The primary template is a readable error; backends specialise it.
-template <class Backend>
-struct backend_impl {
-  static_assert(dependent_false<Backend>,
-                "lowbit: no implementation for this backend: include lowbit/collective/nccl.cuh "
-                "for lowbit::backend::nccl or lowbit/collective/mpi.hpp for lowbit::backend::mpi");
-};
-
-/// Where a backend runs a step: the caller's stream, or the transfer stream.
-enum class lane { compute = 0, comm = 1 };
 
 /// Event slots an engine uses: one per chunk and phase.
 enum class phase { encoded = 0, exchanged = 1, reduced = 2, gathered = 3 };
@@ -191,6 +182,7 @@ class engine {
     send_off_.assign(slots, 0);
     recv_off_.assign(slots, 0);
     recv_bytes_.assign(slots, 0);
+    peer_recv_off_.assign(slots, 0);
     gather_off_.assign(Schedule::max_chunks, 0);
     gather_slot_.assign(Schedule::max_chunks, 0);
     recv_base_.assign(Schedule::max_chunks, 0);
@@ -272,7 +264,12 @@ class engine {
     last.count = last_count_;
     last.step = step_ - 1;
     last.seq = seq_ - 1;
-    be_.wait_for(stream, call_check(who, last, opts_.timeout, P_));
+    try {
+      be_.sync(stream, call_check(who, last, opts_.timeout, P_));
+    } catch (const error& e) {  // a timeout or a dead communicator: retire this object
+      if (broken_.empty()) broken_ = e.what();
+      throw;
+    }
     raise_recorded_disagreement(who);
   }
 
@@ -675,6 +672,17 @@ class engine {
       gather_slot_[k] = slot;
       gather += P_ * slot;
     }
+    // Where my frame for each peer lands in that peer's receive buffer: its layout is its
+    // plan of the same call, chunk by chunk (a backend that writes into its peers' memory
+    // needs it; two-sided ones ignore it).
+    for (int p = 0; p < P_; ++p) {
+      std::size_t base = 0;
+      for (int k = 0; k < K; ++k) {
+        const std::size_t stride = H + Codec::frame_bytes(shard_piece(count, B, p, K, k).count);
+        peer_recv_off_[static_cast<std::size_t>(k) * P_ + p] = base + rank_ * stride;
+        base += P_ * stride;
+      }
+    }
     if (send > send_.size() || recv > recv_.size() || gather > gather_.size())
       LOWBIT_FAIL("workspace bound violated (a lowbit bug): send " + std::to_string(send) + "/" +
                   std::to_string(send_.size()) + " recv " + std::to_string(recv) + "/" +
@@ -730,8 +738,8 @@ class engine {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, phase::encoded));
       const std::size_t i = static_cast<std::size_t>(k) * P_;
-      be_.alltoallv(lane::comm, send_.data(), send_bytes_.data() + i, send_off_.data() + i,
-                    recv_.data(), recv_bytes_.data() + i, recv_off_.data() + i, cc);
+      be_.alltoallv(lane::comm, send_, send_bytes_.data() + i, send_off_.data() + i, recv_,
+                    recv_bytes_.data() + i, recv_off_.data() + i, peer_recv_off_.data() + i, cc);
       be_.signal(lane::comm, event(k, phase::exchanged));
     }
   }
@@ -760,7 +768,7 @@ class engine {
   typename impl::transfer_buffer send_, recv_, gather_;  ///< what the backend moves
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;
-  std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_;
+  std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, peer_recv_off_;
   std::vector<std::size_t> gather_off_, gather_slot_, recv_base_, recv_stride_;
 };
 

@@ -64,8 +64,8 @@ class plain_stage<backend::mpi, T> {
       put(send_.data() + send, in + s.begin, ranges, p, cc);
       send += send_bytes_[i];
     }
-    be_.alltoallv(lane::comm, send_.data(), send_bytes_.data(), send_off_.data(), recv_.data(),
-                  recv_bytes_.data(), recv_off_.data(), cc);
+    be_.alltoallv(lane::comm, send_, send_bytes_.data(), send_off_.data(), recv_,
+                  recv_bytes_.data(), recv_off_.data(), nullptr, cc);
     check(cc, recv_off_);
     float* acc = acc_.data();
     for (std::size_t j = 0; j < n_me; ++j) acc[j] = 0.0f;

@@ -80,11 +80,12 @@ struct whole_shards {
   }
 };
 
-/// Runs a call of a flat collective with the backend's entry point: async on NCCL (the
-/// hierarchical call synchronises once, at its end), a completed call on MPI.
+/// Runs a call of a flat collective with the backend's entry point: async where calls are
+/// stream-ordered (the hierarchical call synchronises once, at its end), else a completed
+/// call.
 template <class Backend, class C, class In, class Out, class Stream>
 void issue_call(C& c, In in, Out out, std::size_t count, Stream stream) {
-  if constexpr (std::is_same_v<Backend, backend::nccl>)
+  if constexpr (stream_ordered_v<Backend>)
     c.async(in, out, count, stream);
   else
     c(in, out, count, stream);
@@ -121,7 +122,6 @@ template <class Backend, class T, class IntraCodec, class InterCodec, class Sche
 class intra_stage {
   using impl = backend_impl<Backend>;
   static constexpr bool plain = std::is_same_v<IntraCodec, full_precision>;
-  static constexpr bool on_nccl = std::is_same_v<Backend, backend::nccl>;
   /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
   /// precision, so that a rail shard is whole stage-2 blocks too.
   static constexpr std::size_t block = [] {

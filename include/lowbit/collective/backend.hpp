@@ -1,12 +1,17 @@
-// The backend concept: what detail::engine needs of detail::backend_impl<Backend>, written
-// down once and checked at compile time (C++17 detection idiom). Both backends are checked
-// where they are defined (backend_mpi.hpp, backend_nccl.cuh); a new backend states
-//   static_assert(lowbit::detail::check_backend<backend_impl<my_tag>>());
+// The backend extension point: what the collectives' engine (collective/detail/engine.hpp)
+// needs of a backend, written down once and checked at compile time (C++17 detection
+// idiom). A backend is a tag type deriving from lowbit::backend_tag (lowbit::backend::nccl,
+// mpi and node are lowbit's) and a specialisation of lowbit::backend_impl<Tag> holding the
+// members below; nothing else in lowbit names a backend, so adding one adds files and edits
+// no switch (docs/design.md, "Adding a backend"). Each backend checks itself where it is
+// defined:
+//   static_assert(lowbit::check_backend<lowbit::backend_impl<my_tag>>());
 // and each missing or mistyped member fails with its own message.
 //
 // A backend B = backend_impl<Tag> provides the following (size_t is std::size_t; T and U
 // are any element type, Codec any codec, Fb any feedback ref the engine instantiates;
-// `lane` and `call_check` are detail::'s):
+// `lane` is below, `call_check`, `header_set` and `frame_header` are
+// collective/detail/frame_header.hpp's):
 //
 // Types
 //   comm_type                   the communicator wrapper; has size(), rank(), check(who)
@@ -15,6 +20,10 @@
 //                               move-assignable, data(), size()
 //   transfer_buffer             owning bytes that the backend moves: the same, of std::byte
 // Constants
+//   static constexpr bool stream_ordered        calls are enqueued on a stream_type and
+//                                               complete later (async() exists, sync()
+//                                               waits); false: a call completes before it
+//                                               returns
 //   static constexpr bool needs_sum_scratch     reduce()/reduce_encode() use `acc`
 //   static constexpr bool has_plain             the plain_* members exist (crossover)
 //   static constexpr std::size_t header_bytes   frame_header bytes before each frame (32)
@@ -26,7 +35,8 @@
 //   static void check_comm(const comm_type&, const char* who)      refuses an unusable comm
 //   static void check_sizes(size_t send, size_t recv, size_t gather)
 //   void set_transport(frame_transport, const transport::policy&, int widest_bits)
-//   transfer_buffer make_transfer_buffer(size_t bytes)
+//   transfer_buffer make_transfer_buffer(size_t bytes)   collective where the backend maps
+//                                                        its peers' buffers
 //   frame_transport transport() const              what moves the frames (resolved)
 // Every call
 //   void check_alive(const char* who) const
@@ -34,7 +44,7 @@
 //   void set_check_stream(stream_type)             checked mode: the caller's stream
 //   const std::byte* allgather_small(const void* mine, size_t bytes, call_check&)
 //                                                  checked mode: every rank's fingerprint
-//   void wait_for(stream_type, const call_check&)  sync() within the deadline
+//   void sync(stream_type, const call_check&)      waits for the stream within the deadline
 //   void stamp(lane, std::byte* slot, const frame_header&, const header_set& check)
 //                                                  a header with no frame after it (poisoned
 //                                                  too when a header of `check` disagrees)
@@ -60,17 +70,19 @@
 //   template <class U>
 //   void accumulate_output(lane, const float* delta, size_t n, float* g, U* out,
 //                          const header_set&)
-// The transfers
-//   void alltoallv(lane, const std::byte* send, const size_t* send_bytes,
-//                  const size_t* send_off, std::byte* recv, const size_t* recv_bytes,
-//                  const size_t* recv_off, call_check&)
+// The transfers (peer_recv_off[p]: where this rank's frame for p goes in p's receive
+// buffer, which a backend that writes into its peers' memory needs; two-sided backends
+// ignore it)
+//   void alltoallv(lane, const transfer_buffer& send, const size_t* send_bytes,
+//                  const size_t* send_off, transfer_buffer& recv, const size_t* recv_bytes,
+//                  const size_t* recv_off, const size_t* peer_recv_off, call_check&)
 //   void allgather(lane, transfer_buffer& buf, size_t offset, size_t slot_bytes, int bits,
 //                  call_check&)
 // The crossover, only where has_plain (on the caller's stream)
 //   template <class T> void plain_all_reduce(const T* in, T* out, size_t count, reduce_op,
-//   stream_type) template <class T> void plain_reduce_scatter(const T* in, T* out, size_t count,
-//   size_t block,
-//                                                reduce_op, stream_type)
+//                                            stream_type)
+//   template <class T> void plain_reduce_scatter(const T* in, T* out, size_t count,
+//                                                size_t block, reduce_op, stream_type)
 //   template <class T> void plain_all_gather(const T* in, T* out, size_t count, size_t block,
 //                                            stream_type)
 //
@@ -86,14 +98,33 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/codec/philox.hpp"
-#include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/feedback/refs.hpp"
 
-namespace lowbit::detail {
+namespace lowbit {
+
+/// Maps a backend tag to its implementation; the primary template is a readable error.
+template <class Backend>
+struct backend_impl {
+  static_assert(dependent_false<Backend>,
+                "lowbit: no implementation for this backend: include lowbit/collective/nccl.cuh "
+                "(lowbit::backend::nccl), lowbit/collective/mpi.hpp (lowbit::backend::mpi) or "
+                "lowbit/collective/node.cuh (lowbit::backend::node)");
+};
+
+/// Where a backend runs a step: the caller's stream, or the transfer stream.
+enum class lane { compute = 0, comm = 1 };
+
+/// True when calls of Backend's collectives are enqueued on a stream (async() exists).
+template <class Backend>
+inline constexpr bool stream_ordered_v = backend_impl<Backend>::stream_ordered;
 
 namespace backend_concept {
+
+using detail::call_check;
+using detail::frame_header;
+using detail::header_set;
 
 // ---- the detection idiom ------------------------------------------------------------------
 template <class, template <class> class Op, class = void>
@@ -127,6 +158,8 @@ template <class B>
 using float_buffer_t = typename B::template buffer<float>;
 template <class B>
 using transfer_buffer_t = typename B::transfer_buffer;
+template <class B>
+using stream_ordered_t = decltype(bool{B::stream_ordered});
 template <class B>
 using needs_sum_scratch_t = decltype(bool{B::needs_sum_scratch});
 template <class B>
@@ -176,7 +209,7 @@ template <class B>
 using allgather_small_t = decltype(lval<B>().allgather_small(static_cast<const void*>(nullptr),
                                                              std::size_t{}, lval<call_check>()));
 template <class B>
-using wait_for_t = decltype(lval<B>().wait_for(lval<stream_type_t<B>>(), lval<const call_check>()));
+using sync_t = decltype(lval<B>().sync(lval<stream_type_t<B>>(), lval<const call_check>()));
 template <class B>
 using stamp_t = decltype(lval<B>().stamp(lane::compute, static_cast<std::byte*>(nullptr),
                                          lval<const frame_header>(), lval<const header_set>()));
@@ -221,10 +254,10 @@ using accumulate_output_t = decltype(lval<B>().accumulate_output(
 // ---- the transfers ------------------------------------------------------------------------
 template <class B>
 using alltoallv_t = decltype(lval<B>().alltoallv(
-    lane::comm, static_cast<const std::byte*>(nullptr), static_cast<const std::size_t*>(nullptr),
-    static_cast<const std::size_t*>(nullptr), static_cast<std::byte*>(nullptr),
+    lane::comm, lval<const transfer_buffer_t<B>>(), static_cast<const std::size_t*>(nullptr),
+    static_cast<const std::size_t*>(nullptr), lval<transfer_buffer_t<B>>(),
     static_cast<const std::size_t*>(nullptr), static_cast<const std::size_t*>(nullptr),
-    lval<call_check>()));
+    static_cast<const std::size_t*>(nullptr), lval<call_check>()));
 template <class B>
 using allgather_t =
     decltype(lval<B>().allgather(lane::comm, lval<transfer_buffer_t<B>>(), std::size_t{},
@@ -259,13 +292,14 @@ template <class B>
 constexpr bool is_backend_impl() {
   namespace c = backend_concept;
   return c::has<B, c::comm_type_t> && c::has<B, c::stream_type_t> && c::has<B, c::buffer_ops_t> &&
-         c::has<B, c::transfer_buffer_ops_t> && c::has<B, c::needs_sum_scratch_t> &&
-         c::has<B, c::has_plain_t> && c::has<B, c::header_bytes_t> && c::has<B, c::host_frames_t> &&
+         c::has<B, c::transfer_buffer_ops_t> && c::has<B, c::stream_ordered_t> &&
+         c::has<B, c::needs_sum_scratch_t> && c::has<B, c::has_plain_t> &&
+         c::has<B, c::header_bytes_t> && c::has<B, c::host_frames_t> &&
          c::has<B, c::constructor_t> && c::has<B, c::check_comm_t> && c::has<B, c::check_sizes_t> &&
          c::has<B, c::set_transport_t> && c::has<B, c::make_transfer_buffer_t> &&
          c::returns<B, c::transport_t, frame_transport> && c::has<B, c::check_alive_t> &&
          c::has<B, c::copy_t> && c::has<B, c::set_check_stream_t> &&
-         c::returns<B, c::allgather_small_t, const std::byte*> && c::has<B, c::wait_for_t> &&
+         c::returns<B, c::allgather_small_t, const std::byte*> && c::has<B, c::sync_t> &&
          c::has<B, c::stamp_t> && c::returns<B, c::disagreement_t, std::string> &&
          c::has<B, c::begin_t> && c::has<B, c::end_t> && c::has<B, c::signal_t> &&
          c::has<B, c::wait_t> && c::has<B, c::encode_t> && c::has<B, c::decode_t> &&
@@ -289,6 +323,8 @@ constexpr bool check_backend() {
   static_assert(c::has<B, c::transfer_buffer_ops_t>,
                 "lowbit backend: needs `using transfer_buffer` (move-assignable, data() -> "
                 "std::byte*, size())");
+  static_assert(c::has<B, c::stream_ordered_t>,
+                "lowbit backend: needs `static constexpr bool stream_ordered`");
   static_assert(c::has<B, c::needs_sum_scratch_t>,
                 "lowbit backend: needs `static constexpr bool needs_sum_scratch`");
   static_assert(c::has<B, c::has_plain_t>,
@@ -322,8 +358,8 @@ constexpr bool check_backend() {
   static_assert(c::returns<B, c::allgather_small_t, const std::byte*>,
                 "lowbit backend: needs `const std::byte* allgather_small(const void*, size_t, "
                 "call_check&)`");
-  static_assert(c::has<B, c::wait_for_t>,
-                "lowbit backend: needs `void wait_for(stream_type, const call_check&)`");
+  static_assert(c::has<B, c::sync_t>,
+                "lowbit backend: needs `void sync(stream_type, const call_check&)`");
   static_assert(c::has<B, c::stamp_t>,
                 "lowbit backend: needs `void stamp(lane, std::byte*, const frame_header&, const "
                 "header_set&)`");
@@ -351,9 +387,11 @@ constexpr bool check_backend() {
   static_assert(c::has<B, c::accumulate_output_t>,
                 "lowbit backend: needs `template <class U> void accumulate_output(lane, const "
                 "float*, size_t, float*, U*, const header_set&)`");
-  static_assert(c::has<B, c::alltoallv_t>,
-                "lowbit backend: needs `void alltoallv(lane, const std::byte*, const size_t*, "
-                "const size_t*, std::byte*, const size_t*, const size_t*, call_check&)`");
+  static_assert(
+      c::has<B, c::alltoallv_t>,
+      "lowbit backend: needs `void alltoallv(lane, const transfer_buffer&, const size_t*, "
+      "const size_t*, transfer_buffer&, const size_t*, const size_t*, const size_t*, "
+      "call_check&)`");
   static_assert(c::has<B, c::allgather_t>,
                 "lowbit backend: needs `void allgather(lane, transfer_buffer&, size_t, size_t, "
                 "int, call_check&)`");
@@ -363,4 +401,12 @@ constexpr bool check_backend() {
   return is_backend_impl<B>();
 }
 
-}  // namespace lowbit::detail
+namespace detail {
+// The engine and the backends name these unqualified.
+using ::lowbit::backend_impl;
+using ::lowbit::check_backend;
+using ::lowbit::is_backend_impl_v;
+using ::lowbit::lane;
+}  // namespace detail
+
+}  // namespace lowbit

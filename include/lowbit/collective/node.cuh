@@ -1,0 +1,33 @@
+// The low-bit collectives on the node backend: the ranks of one node as processes that map
+// each other's workspace with CUDA IPC, no NCCL (device buffers, cudaStream_t). Several
+// ranks may share one GPU.
+//
+//   lowbit::comm::node_comm comm = lowbit::comm::node_comm_from_mpi(MPI_COMM_WORLD);
+//   lowbit::node::all_reduce<float, codec> reduce(comm, max_count);
+//   reduce.async(d_in, d_out, count, stream);   // enqueued on stream
+//   reduce.sync(stream);                        // raises a timeout, never hangs
+#pragma once
+
+#include "lowbit/collective/all_gather.hpp"
+#include "lowbit/collective/all_reduce.hpp"
+#include "lowbit/collective/detail/backend_node.cuh"
+#include "lowbit/collective/reduce_scatter.hpp"
+#include "lowbit/comm/node_comm.hpp"
+
+namespace lowbit::node {
+
+/// The collectives with the node backend filled in.
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule>
+using all_reduce = lowbit::all_reduce<T, Codec, Feedback, Schedule, backend::node>;
+template <class T, class Codec, class Feedback = feedback::none,
+          class Schedule = schedule::default_schedule>
+using reduce_scatter = lowbit::reduce_scatter<T, Codec, Feedback, Schedule, backend::node>;
+template <class T, class Codec, class Schedule = schedule::default_schedule>
+using all_gather = lowbit::all_gather<T, Codec, Schedule, backend::node>;
+template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2, 4, 8>,
+          class Feedback = feedback::none, class Schedule = schedule::default_schedule>
+using dynamic_all_reduce =
+    lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::node>;
+
+}  // namespace lowbit::node
