@@ -21,6 +21,8 @@ struct args {
   bool avg = false;
   bool flat = false;    ///< schedule::flat instead of pipelined<4> (NCCL example)
   bool verify = false;  ///< checked mode: a fingerprint all-gather before each call
+  /// GPU example: nccl, or node (CUDA IPC, no NCCL; ranks may share a GPU)
+  std::string backend = "nccl";
 };
 
 inline args parse(int argc, char** argv) {
@@ -46,13 +48,20 @@ inline args parse(int argc, char** argv) {
       a.flat = true;
     else if (k == "--verify")
       a.verify = true;
+    else if (k == "--backend")
+      a.backend = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--bits 1|2|4|8] [--count N] [--iters N] [--seed S] [--avg] [--flat] "
-                   "[--verify]\n",
+                   "[--verify] [--backend nccl|node]\n"
+                   "  --flat and --backend: the GPU example (mpi_nccl_allreduce) only\n",
                    argv[0]);
       std::exit(k == "--help" || k == "-h" ? 0 : 2);
     }
+  }
+  if (a.backend != "nccl" && a.backend != "node") {
+    std::fprintf(stderr, "%s: --backend is nccl or node, not '%s'\n", argv[0], a.backend.c_str());
+    std::exit(2);
   }
   return a;
 }

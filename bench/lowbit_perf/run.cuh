@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <lowbit/collective/nccl.cuh>
+#include <lowbit/collective/node.cuh>
 #include <lowbit/comm/mpi_bootstrap.hpp>
 #include <lowbit/comm/nccl_nodes.hpp>
 #include <lowbit/lowbit.cuh>
@@ -100,6 +101,79 @@ struct row {
   std::size_t bytes, count;
   double lowbit_us, nccl_us, rel_err, wire_ratio;
   long wrong;
+};
+
+/// The check's exact collectives on device buffers: NCCL's where it runs, else MPI's on
+/// host copies (ranks that share a GPU, where NCCL refuses to run). All on `s`.
+class exact {
+ public:
+  exact(lowbit::comm::nccl_comm* nccl, cudaStream_t s) : nccl_(nccl), s_(s) {
+    MPI_Comm_size(MPI_COMM_WORLD, &P_);
+  }
+
+  /// out[0, n) = the sum (or mean) over the ranks of in[0, n), in fp32.
+  void all_reduce(const float* in, float* out, std::size_t n, bool avg) {
+    if (nccl_) {
+      LOWBIT_NCCL_TRY(
+          ncclAllReduce(in, out, n, ncclFloat32, avg ? ncclAvg : ncclSum, nccl_->get(), s_));
+      return;
+    }
+    float* h = host<float>(in, n);
+    for (std::size_t i = 0; i < n; i += piece)
+      MPI_Allreduce(MPI_IN_PLACE, h + i, int(std::min(piece, n - i)), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    if (avg)
+      for (std::size_t i = 0; i < n; ++i) h[i] /= float(P_);
+    to_device(out, n * sizeof(float));
+  }
+  /// dst[0, bytes) = rank `root`'s src[0, bytes) (dst may be src).
+  void broadcast(const void* src, void* dst, std::size_t bytes, int root = 0) {
+    if (nccl_) {
+      LOWBIT_NCCL_TRY(ncclBroadcast(src, dst, bytes, ncclUint8, root, nccl_->get(), s_));
+      return;
+    }
+    bcast(host<char>(src, bytes), bytes, root);
+    to_device(dst, bytes);
+  }
+  /// out[r] = rank p's in[r] for the range r = ranges[p] of every rank p.
+  void gather(const float* in, float* out, const std::vector<lowbit::schedule::range>& ranges,
+              std::size_t n) {
+    if (nccl_) {
+      LOWBIT_NCCL_TRY(ncclGroupStart());
+      for (int p = 0; p < P_; ++p)
+        broadcast(in + ranges[p].begin, out + ranges[p].begin, ranges[p].count * sizeof(float), p);
+      LOWBIT_NCCL_TRY(ncclGroupEnd());
+      return;
+    }
+    float* h = host<float>(in, n);
+    for (int p = 0; p < P_; ++p) bcast(h + ranges[p].begin, ranges[p].count * sizeof(float), p);
+    to_device(out, n * sizeof(float));
+  }
+
+ private:
+  static constexpr std::size_t piece = std::size_t(1) << 28;  ///< MPI counts are int
+  /// A host copy of d[0, n) (after the work on the stream).
+  template <class U>
+  U* host(const void* d, std::size_t n) {
+    h_.resize(n * sizeof(U));
+    LOWBIT_CUDA_TRY(cudaMemcpyAsync(h_.data(), d, n * sizeof(U), cudaMemcpyDeviceToHost, s_));
+    LOWBIT_CUDA_TRY(cudaStreamSynchronize(s_));
+    return reinterpret_cast<U*>(h_.data());
+  }
+  void to_device(void* d, std::size_t bytes) {
+    LOWBIT_CUDA_TRY(cudaMemcpyAsync(d, h_.data(), bytes, cudaMemcpyHostToDevice, s_));
+    LOWBIT_CUDA_TRY(cudaStreamSynchronize(s_));  // h_ is pageable and reused
+  }
+  static void bcast(void* h, std::size_t bytes, int root) {
+    for (std::size_t i = 0; i < bytes; i += piece)
+      MPI_Bcast(static_cast<char*>(h) + i, int(std::min(piece, bytes - i)), MPI_BYTE, root,
+                MPI_COMM_WORLD);
+  }
+
+  lowbit::comm::nccl_comm* nccl_;
+  cudaStream_t s_;
+  int P_ = 1;
+  std::vector<char> h_;
 };
 
 // ---- the phases of an all_reduce, one at a time -----------------------------------------
@@ -228,8 +302,14 @@ void breakdown(const options& o, lowbit::comm::nccl_comm& comm, const T* in, T* 
 enum class coll_kind { all_reduce, reduce_scatter, all_gather };
 
 template <class T, class Collective, coll_kind Kind>
-void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
+void run(const options& o, const comms& c, std::FILE* csv) {
   using codec = typename Collective::codec_type;
+  using Backend = typename Collective::backend_type;
+  // The node backend has no crossover, hierarchical collective or breakdown here: main
+  // refuses those options under --backend node.
+  constexpr bool on_nccl = std::is_same_v<Backend, lowbit::backend::nccl>;
+  auto& comm = c.of<Backend>();
+  lowbit::comm::nccl_comm* const nccl = c.nccl;  // NCCL's baseline; null where it cannot run
   const int P = comm.size(), rank = comm.rank();
   const std::size_t max_count = o.max_bytes / sizeof(T);
   lowbit::collective_options copts;
@@ -243,26 +323,40 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
   Collective coll(comm, max_count, copts);
   // The hierarchical all_reduce over nodes of G consecutive ranks, when asked: stage 2 at
   // the same codec, feedback and schedule as `coll`.
-  using hier_type =
+  struct no_hier {  // what the node backend has instead
+    void async(const T*, T*, std::size_t, cudaStream_t) {}
+    void set_step(std::uint32_t) {}
+  };
+  using hier_type = std::conditional_t<
+      on_nccl,
       lowbit::hierarchical_all_reduce<T, codec, typename Collective::feedback_type,
-                                      lowbit::full_precision, typename Collective::schedule_type>;
+                                      lowbit::full_precision, typename Collective::schedule_type>,
+      no_hier>;
   const int G = Kind == coll_kind::all_reduce ? o.ranks_per_node : 0;
   const int G1 = std::max(G, 1);  // G is the constant 0 where Kind is not all_reduce
   LOWBIT_EXPECTS(G == 0 || (G >= 1 && P % G1 == 0),
                  "lowbit-perf: --ranks-per-node must divide the number of ranks");
   lowbit::comm::node_comms<lowbit::comm::nccl_comm> nodes;
   std::unique_ptr<hier_type> hier;
-  if (G > 0) {
-    nodes = lowbit::comm::split_by_node(comm, rank / G1);
-    hier = std::make_unique<hier_type>(nodes.intra, nodes.inter, max_count, copts);
-  }
   cudaStream_t stream;
   LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (o.crossover == "auto") {
-    lowbit::calibrate_crossover(coll, comm, stream);
-  } else {
-    coll.set_crossover_bytes(parse_size(o.crossover.c_str()));
+  if constexpr (on_nccl) {
+    if (G > 0) {
+      nodes = lowbit::comm::split_by_node(comm, rank / G1);
+      hier = std::make_unique<hier_type>(nodes.intra, nodes.inter, max_count, copts);
+    }
+    if (o.crossover == "auto") {
+      lowbit::calibrate_crossover(coll, comm, stream);
+    } else {
+      coll.set_crossover_bytes(parse_size(o.crossover.c_str()));
+    }
   }
+  exact reference(nccl, stream);
+  // Waits for the stream: lowbit's errors (a timeout, a disagreement) and NCCL's.
+  const auto wait = [&] {
+    coll.sync(stream);
+    if (nccl) nccl->sync(stream);
+  };
 
   T *in, *out, *nccl_out, *same;
   float *in_f, *ref;
@@ -278,12 +372,18 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
 
   if (rank == 0) {
     std::printf(
-        "# lowbit-perf  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s  ranks %d"
-        "  crossover %zu B%s  algorithm %s  transport %s\n",
-        o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
+        "# lowbit-perf  backend %s  coll %s  type %s  op %s  bits %d  feedback %s  schedule %s"
+        "  ranks %d  crossover %zu B%s  algorithm %s  transport %s\n",
+        Backend::name, o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits, o.feedback.c_str(),
         o.schedule.c_str(), P, coll.crossover_bytes(), o.crossover == "auto" ? " (calibrated)" : "",
         algorithm_name(coll), lowbit::to_string(coll.transport()));
-    std::printf("# %s\n", lowbit::transport::to_string(o.policy).c_str());
+    if (on_nccl) std::printf("# %s\n", lowbit::transport::to_string(o.policy).c_str());
+    if (c.ranks_per_gpu > 1)
+      std::printf(
+          "# %d ranks share one GPU: they time-slice it and share its HBM, so these timings "
+          "are not speed-ups (time the node backend between GPUs for that)\n"
+          "# NCCL baseline unavailable: %d ranks share one GPU (check references by MPI)\n",
+          c.ranks_per_gpu, c.ranks_per_gpu);
     if (G > 0)
       std::printf(
           "# hier: %d nodes x %d ranks; hier columns: its time, busbw (of the whole "
@@ -318,17 +418,17 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     const auto nccl_call = [&](cudaStream_t s) {
       if constexpr (Kind == coll_kind::all_reduce) {
         LOWBIT_NCCL_TRY(ncclAllReduce(in, nccl_out, count, lowbit::comm::nccl_data_type<T>(), nop,
-                                      comm.get(), s));
+                                      nccl->get(), s));
       } else if constexpr (Kind == coll_kind::reduce_scatter) {
         LOWBIT_NCCL_TRY(ncclReduceScatter(in, nccl_out, shard, lowbit::comm::nccl_data_type<T>(),
-                                          nop, comm.get(), s));
+                                          nop, nccl->get(), s));
       } else {
         LOWBIT_NCCL_TRY(ncclAllGather(in + rank * shard, nccl_out, shard,
-                                      lowbit::comm::nccl_data_type<T>(), comm.get(), s));
+                                      lowbit::comm::nccl_data_type<T>(), nccl->get(), s));
       }
     };
     const double t_low = time_median_us(lowbit_call, stream, o.warmup, o.iters);
-    const double t_nccl = time_median_us(nccl_call, stream, o.warmup, o.iters);
+    const double t_nccl = nccl ? time_median_us(nccl_call, stream, o.warmup, o.iters) : NAN;
     const auto hier_call = [&](cudaStream_t s) { hier->async(in, out, count, s); };
     const double t_hier = hier ? time_median_us(hier_call, stream, o.warmup, o.iters) : 0;
     long hier_wrong = 0;
@@ -337,42 +437,39 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     // Wire bytes per rank: lowbit frames vs NCCL's elements (same algorithmic factor).
     r.wire_ratio = double(bytes) / double(codec::frame_bytes(count));
     if (o.check) {
-      // Reference: the NCCL collective of fp32 copies (exact to fp32 rounding).
+      // Reference: the exact collective of fp32 copies (exact to fp32 rounding).
       to_float_kernel<<<grid_blocks, block_threads, 0, stream>>>(in, in_f, count);
       LOWBIT_CHECK_LAUNCH();
       std::size_t check_n = count, ref_offset = 0;
       coll.set_step(0);
       lowbit_call(stream);
+      wait();
       if constexpr (Kind == coll_kind::all_reduce) {
-        LOWBIT_NCCL_TRY(ncclAllReduce(in_f, ref, count, ncclFloat32, nop, comm.get(), stream));
+        reference.all_reduce(in_f, ref, count, o.op == "avg");
       } else if constexpr (Kind == coll_kind::reduce_scatter) {
-        LOWBIT_NCCL_TRY(ncclAllReduce(in_f, ref, count, ncclFloat32, nop, comm.get(), stream));
+        reference.all_reduce(in_f, ref, count, o.op == "avg");
         const auto sh = coll.shard(count);
         check_n = sh.count;
         ref_offset = sh.begin;
       } else {
         // Each rank's shard as lowbit cuts it, gathered exactly: broadcast from owners.
-        LOWBIT_NCCL_TRY(ncclGroupStart());
-        for (int p = 0; p < P; ++p) {
-          const auto sh = lowbit::schedule::shard(count, codec::block_size, P, p);
-          LOWBIT_NCCL_TRY(ncclBroadcast(in_f + sh.begin, ref + sh.begin, sh.count, ncclFloat32, p,
-                                        comm.get(), stream));
-        }
-        LOWBIT_NCCL_TRY(ncclGroupEnd());
+        std::vector<lowbit::schedule::range> shards;
+        for (int p = 0; p < P; ++p)
+          shards.push_back(lowbit::schedule::shard(count, codec::block_size, P, p));
+        reference.gather(in_f, ref, shards, count);
       }
       // out against ref: {squared error, squared norm, #bad, #differing from rank 0}.
       const auto compare = [&](double* h) {
         const T* same_ptr = nullptr;
         if constexpr (Kind != coll_kind::reduce_scatter) {
-          LOWBIT_NCCL_TRY(
-              ncclBroadcast(out, same, count * sizeof(T), ncclUint8, 0, comm.get(), stream));
+          reference.broadcast(out, same, count * sizeof(T));
           same_ptr = same;
         }
         LOWBIT_CUDA_TRY(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream));
         compare_kernel<<<grid_blocks, block_threads, 0, stream>>>(out, ref + ref_offset, same_ptr,
                                                                   check_n, acc);
         LOWBIT_CHECK_LAUNCH();
-        comm.sync(stream);
+        wait();
         LOWBIT_CUDA_TRY(cudaMemcpy(h, acc, 4 * sizeof(double), cudaMemcpyDeviceToHost));
         MPI_Allreduce(MPI_IN_PLACE, h, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       };
@@ -387,17 +484,19 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
         hier_wrong = long(h[2] + h[3]);
       }
     }
-    if constexpr (Kind == coll_kind::all_reduce) {
+    if constexpr (Kind == coll_kind::all_reduce && on_nccl) {
       if (o.breakdown && b * o.factor > double(o.max_bytes) * 1.0000001)  // the largest size
         breakdown<T, codec>(o, comm, in, out, count, stream);
     }
     if (rank == 0) {
       const double alg_l = bytes / t_low / 1e3, alg_n = bytes / t_nccl / 1e3;
-      std::printf(
-          " %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld | %10.1f %8.2f %8.2f | %6.2fx %5.2fx "
-          "%9.2e",
-          bytes, count, o.dtype.c_str(), o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong, t_nccl,
-          alg_n, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err);
+      std::printf(" %11zu %12zu %6s %5s | %10.1f %8.2f %8.2f %7ld |", bytes, count, o.dtype.c_str(),
+                  o.op.c_str(), t_low, alg_l, alg_l * bus, r.wrong);
+      if (nccl)
+        std::printf(" %10.1f %8.2f %8.2f | %6.2fx", t_nccl, alg_n, alg_n * bus, t_nccl / t_low);
+      else  // no baseline, and no speed-up
+        std::printf(" %10s %8s %8s | %7s", "-", "-", "-", "-");
+      std::printf(" %5.2fx %9.2e", r.wire_ratio, r.rel_err);
       if (hier)
         std::printf(" | %10.1f %8.2f %7ld %6.2fx", t_hier, bytes / t_hier / 1e3 * bus, hier_wrong,
                     t_nccl / t_hier);
@@ -406,14 +505,14 @@ void run(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
       if (csv)
         std::fprintf(csv,
                      "%s,%s,%s,%s,%d,%s,%s,%d,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3e,%ld,"
-                     "%s,%s\n",
+                     "%s,%s,%s\n",
                      o.regime.c_str(), o.coll.c_str(), o.dtype.c_str(), o.op.c_str(), o.bits,
                      o.feedback.c_str(), o.schedule.c_str(), P, bytes, count, t_low, alg_l * bus,
                      t_nccl, alg_n * bus, t_nccl / t_low, r.wire_ratio, r.rel_err, r.wrong,
-                     algorithm_name(coll), lowbit::to_string(coll.transport()));
+                     algorithm_name(coll), lowbit::to_string(coll.transport()), Backend::name);
     }
   }
-  comm.sync(stream);
+  wait();
   for (void* p :
        {(void*)in, (void*)out, (void*)nccl_out, (void*)same, (void*)in_f, (void*)ref, (void*)acc})
     cudaFree(p);
@@ -449,8 +548,8 @@ bool with_schedule(const std::string& name, Fn&& fn) {
   return false;
 }
 
-template <class T, int Bits>
-bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
+template <class T, int Bits, class B>
+bool dispatch(const options& o, const comms& c, std::FILE* csv) {
   using C = codec_of<Bits>;
   using namespace lowbit;
   if (o.coll == "reduce_scatter" || o.coll == "all_gather") {
@@ -458,27 +557,27 @@ bool dispatch(const options& o, lowbit::comm::nccl_comm& comm, std::FILE* csv) {
     return with_schedule(o.schedule, [&](auto sched) {
       using S = decltype(sched);
       if (o.coll == "reduce_scatter")
-        run<T, reduce_scatter<T, C, feedback::none, S>, coll_kind::reduce_scatter>(o, comm, csv);
+        run<T, reduce_scatter<T, C, feedback::none, S, B>, coll_kind::reduce_scatter>(o, c, csv);
       else
-        run<T, all_gather<T, C, S>, coll_kind::all_gather>(o, comm, csv);
+        run<T, all_gather<T, C, S, B>, coll_kind::all_gather>(o, c, csv);
     });
   }
   if (o.coll != "all_reduce") return false;
   if (o.feedback == "none")
     return with_schedule(o.schedule, [&](auto sched) {
-      run<T, all_reduce<T, C, feedback::none, decltype(sched)>, coll_kind::all_reduce>(o, comm,
-                                                                                       csv);
+      run<T, all_reduce<T, C, feedback::none, decltype(sched), B>, coll_kind::all_reduce>(o, c,
+                                                                                          csv);
     });
   bool known = true;
   const bool scheduled = with_schedule<false>(o.schedule, [&](auto sched) {
     using S = decltype(sched);
     if (o.feedback == "residual")
-      run<T, all_reduce<T, C, feedback::residual<float>, S>, coll_kind::all_reduce>(o, comm, csv);
+      run<T, all_reduce<T, C, feedback::residual<float>, S, B>, coll_kind::all_reduce>(o, c, csv);
     else if (o.feedback == "residual_bf16")
-      run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>, S>, coll_kind::all_reduce>(o, comm,
-                                                                                            csv);
+      run<T, all_reduce<T, C, feedback::residual<__nv_bfloat16>, S, B>, coll_kind::all_reduce>(o, c,
+                                                                                               csv);
     else if (o.feedback == "ef21")
-      run<T, all_reduce<T, C, feedback::ef21<float>, S>, coll_kind::all_reduce>(o, comm, csv);
+      run<T, all_reduce<T, C, feedback::ef21<float>, S, B>, coll_kind::all_reduce>(o, c, csv);
     else
       known = false;
   });
