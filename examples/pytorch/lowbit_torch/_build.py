@@ -155,7 +155,7 @@ def instances_header():
         "#include <string>\n\n#include \"common.h\"\n\nnamespace lowbit_torch {\n",
         "/// Error feedback chosen at run time: one per rule.",
         f"enum class feedback_kind {{ {', '.join(FEEDBACK)} }};\n",
-        f"/// Every rule's Python name, for messages.",
+        "/// Every rule's Python name, for messages.",
         f"inline constexpr const char* feedback_names = \"{_quoted_list(list(FEEDBACK))}\";\n",
         "/// The rule of a Python name (its own or an alias); false for an unknown name.",
         "inline bool feedback_of(const std::string& name, feedback_kind& kind) {",

@@ -46,8 +46,8 @@ from typing import Dict
 
 import torch
 
-from export import DTYPES, _Calls, leaf_modules, precision_context
-from qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
+from .export import DTYPES, _Calls, leaf_modules, precision_context
+from .qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
                          plan_precisions, resolve_precisions)
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from qsync_model import call_name, kind_of
+from .qsync_model import call_name, kind_of
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -1,8 +1,6 @@
-#!/usr/bin/env python3
 """How much a training step's host time drifts on this machine, and why.
 
-    python3 examples/pytorch/qsync/host_drift.py --out OUT [--cases bert-b32,cnn-b1]
-                                                 [--rounds 6] [--steps 10]
+    lowbit-qsync-host-drift --out OUT [--cases bert-b32,cnn-b1] [--rounds 6] [--steps 10]
 
 For each case of validate.py it builds the model and a uniform-precision step per
 precision (the same ``training_step`` validate.py times), then runs ``--rounds`` rounds;
@@ -38,9 +36,6 @@ import os
 import sys
 import tempfile
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 CONDITIONS = ("default", "nogc", "pin", "pin1", "nogc+pin", "threads1")
 
@@ -156,8 +151,8 @@ def main():
     args = ap.parse_args()
     import torch
 
-    import export as ex
-    import validate as va
+    from . import export as ex
+    from . import validate as va
 
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cudnn.benchmark = False

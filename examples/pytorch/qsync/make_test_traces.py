@@ -1,23 +1,19 @@
-#!/usr/bin/env python3
 """Writes the small real traces the C++ loader tests read (test/data/qsync_real_*):
 a 3-layer MLP trained for a few steps on the CPU under the stock torch.profiler, with
 per-op ranges (export.instrument) and without, plus its model JSON. On a machine with
 CUDA, ``--cuda`` writes the same from the GPU (kernels, streams, the autograd thread).
 
-    python3 examples/pytorch/qsync/make_test_traces.py --out test/data
+    lowbit-qsync-make-test-traces --out test/data
 """
 
 import argparse
 import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
 
-import torch  # noqa: E402
-
-import export as ex  # noqa: E402
-import qsync_model as qm  # noqa: E402
+from . import export as ex
+from . import qsync_model as qm
 
 
 def main():

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Where a training step's peak memory goes, for validate.py's cases on one GPU.
 
-    python3 examples/pytorch/qsync/memory_probe.py [--cases cnn-b1:fp32,cnn-b1:bf16,cnn-b256:fp32]
+    lowbit-qsync-memory-probe [--cases cnn-b1:fp32,cnn-b1:bf16,cnn-b256:fp32]
 
 After three warm steps of validate.py's own step (fused Adam, cuDNN benchmark off) it
 runs one more and prints torch.cuda.memory_allocated at its phases (grads freed, after
@@ -13,10 +12,7 @@ activations and each op's scratch.
 """
 
 import argparse
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MiB = 2.0**20
 
@@ -72,8 +68,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("memory_probe.py: needs a CUDA device", file=sys.stderr)
         return 2
-    import export as ex
-    import validate as v
+    from . import export as ex
+    from . import validate as v
 
     torch.backends.cudnn.benchmark = False
     for item in args.cases.split(","):

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Cuts a PyTorch-profiler Chrome trace down to one profiler step (for test data):
 
-    python3 trim_trace.py IN.json[.gz] OUT.json[.gz] [--step K]
+    lowbit-qsync-trim-trace IN.json[.gz] OUT.json[.gz] [--step K]
 
 Keeps the step's ``ProfilerStep#N`` range (the K-th in start order, 0-based, default the
 middle one), every host event (ranges, ops, runtime calls, any thread) that starts

@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
 """QSync end to end on one GPU: profile, export, plan, apply, measure, compare.
 
 Run mode (needs torch with CUDA), from the repository root:
 
-    python3 examples/pytorch/qsync/validate.py --out OUT --lowbit-plan build/tools/lowbit-plan
+    lowbit-qsync-validate --out OUT --lowbit-plan build/tools/lowbit-plan
+
+(``python3 -m qsync.validate`` with examples/pytorch on the path runs the same).
 
 For every model case (a ResNet-like CNN at batch 256, a 6-layer BERT-like encoder at
 seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
@@ -32,7 +33,7 @@ process does: host_drift.py measures it): host samples taken minutes before the
 measurement predict a host-bound step no better than that, so the host truth is sampled
 in the same rounds as the plans.
 
-Predict mode (no torch needed): ``validate.py --predict --out OUT --lowbit-plan BIN``
+Predict mode (no torch needed): ``lowbit-qsync-validate --predict --out OUT --lowbit-plan BIN``
 runs ``lowbit-plan --plan`` on every measured case, given the host samples that
 ``--host-truth`` names (``rounds``: those beside the measurement, the default;
 ``profiling``; ``all``), and writes the validation table (case, predicted, measured,
@@ -53,10 +54,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import qsync_model as qm  # noqa: E402
+from . import qsync_model as qm
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MEASURED_FIELDS = ["case", "model", "plan", "batch", "iters", "iter_ms_median", "iter_ms_mean",
@@ -256,7 +254,7 @@ def timed_steps(args, step, n):
     """`n` timed steps (pinned where --pin asks, the collector off): their times and
     host times, ms."""
     if args.pin != "none":
-        from host_drift import gpu_local_cpus, set_affinity
+        from .host_drift import gpu_local_cpus, set_affinity
 
         set_affinity(args.pin, args.all_cpus, gpu_local_cpus())
     times, host = [], []
@@ -272,8 +270,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
     """Steps 1-4 of the module docstring for one case; appends to measured_rows and
     rewrites measured.csv after every case, so a failure keeps what was measured, and
     the host samples (per round) to OUT/host_times.json."""
-    import export as ex
-    from apply_plan import applied_plan
+    from . import export as ex
+    from .apply_plan import applied_plan
 
     device = args.device
     precisions = spec.get("precisions", PRECISIONS)
@@ -646,14 +644,17 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
+def cli():
+    """The command (lowbit-qsync-validate): main's status, 1 for any failure, printed."""
     try:
-        sys.exit(main())
-    except SystemExit:
-        raise
+        return main()
     except Exception as e:  # noqa: BLE001 (report any failure with a nonzero status)
         import traceback
 
         traceback.print_exc()
         print("validate.py: error: %s" % e, file=sys.stderr)
-        sys.exit(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -20,15 +20,13 @@ first step (crossover 0, as simulated) unless --crossover says otherwise.
 """
 
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import simulate_dp as sim  # noqa: E402
+import simulate_dp as sim
 
 
 def hook(cfg, ddp, seed, crossover):

@@ -36,23 +36,19 @@ import argparse
 import contextlib
 import csv
 import math
-import os
 import re
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import Corpus  # noqa: E402
-from strokes import Strokes  # noqa: E402
+from corpus import Corpus
+from strokes import Strokes
 
-try:
+try:  # installed, or examples/pytorch on PYTHONPATH (built just in time on first use)
     import lowbit_torch
-except ImportError:  # not installed: the package beside this script, built just in time
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import lowbit_torch
+except ImportError as e:  # the baselines run without it; checked() refuses the others
+    lowbit_torch, LOWBIT_TORCH_MISSING = None, e
 
 DEVICE = torch.device("cuda")  # --device cpu: a smoke test through the host codec
 PROFILING = False  # --profile: label the phases of a step for torch.profiler
@@ -440,9 +436,12 @@ def checked(ap, args):
         ap.error(f"--until must be in 1..--steps ({args.steps})")
     for c in args.configs:
         try:
-            parse_config(c)
+            lowbit = parse_config(c)["kind"] == "lowbit"
         except ValueError as e:
             ap.error(str(e))
+        if lowbit and lowbit_torch is None:
+            ap.error(f"{c} needs lowbit_torch (pip install --no-build-isolation examples/pytorch, "
+                     f"or examples/pytorch on PYTHONPATH): {LOWBIT_TORCH_MISSING}")
     val_batch = TASKS[args.model].val_batch
     if args.val_seqs <= 0 or args.val_seqs % val_batch:
         ap.error(f"--val-seqs must be a positive multiple of {val_batch} for --model {args.model}")

@@ -64,10 +64,9 @@ def write(path, rows):
 def build_extension():
     """Builds lowbit_torch's extension (just in time) once, before the processes start:
     otherwise each would wait on torch's build lock, the wait counted in its --budget."""
-    # simulate_dp's import: an installed lowbit_torch first, else the package beside it
-    code = (f"import sys; sys.path.append({os.path.dirname(HERE)!r}); "
-            "import lowbit_torch; lowbit_torch.load()")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=HERE)  # sys.path[0] as the script's
+    # the lowbit_torch simulate_dp.py imports: installed, or on PYTHONPATH
+    subprocess.run([sys.executable, "-c", "import lowbit_torch; lowbit_torch.load()"],
+                   check=True)
 
 
 def split_argv(argv):

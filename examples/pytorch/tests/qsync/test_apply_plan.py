@@ -1,17 +1,12 @@
-"""CPU tests of the plan applier (needs torch; CPU autocast in bfloat16):
-
-    python3 -m pytest examples/pytorch/qsync/test_apply_plan.py   (or python3 FILE)
+"""CPU tests of the plan applier, qsync.apply_plan (needs torch; CPU autocast in
+bfloat16).
 
 The failing shape: a module whose forward combines, in one functional op, the outputs of
 leaf modules the plan puts at different precisions (q's Linear at fp32, k's and v's at
 bf16, then F.scaled_dot_product_attention), and an fp32 output added in place into a
 16-bit one. Any plan the allocator may emit must run."""
 
-import os
-import sys
 import unittest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 try:
     import torch
@@ -21,9 +16,9 @@ except ImportError:  # the torch-free tests are test_qsync_model.py
     torch = None
 
 if torch is not None:
-    import export as ex
-    import qsync_model as qm
-    from apply_plan import applied_plan
+    from qsync import export as ex
+    from qsync import qsync_model as qm
+    from qsync.apply_plan import applied_plan
 
     class Attention(nn.Module):
         """q, k, v and o Linears, attention and a residual between them as functional
@@ -165,5 +160,3 @@ class AppliedPlan(unittest.TestCase):
                 h.remove()
         self.assertEqual(held, {"att.o": 1, "fc1": 0})
 
-if __name__ == "__main__":
-    unittest.main()

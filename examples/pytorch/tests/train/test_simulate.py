@@ -1,12 +1,9 @@
-"""CPU tests of the simulation's torch-only parts (no GPU, no lowbit_torch build):
-
-    python3 -m unittest -q test_simulate        (in examples/pytorch/train)
-
-the stroke-glyph data set, the CNN, the baselines' reduction, short CNN runs of
+"""CPU tests of the simulation's torch-only parts (no GPU, no lowbit_torch build): the
+stroke-glyph data set, the CNN, the baselines' reduction, short CNN runs of
 simulate_dp.py (its CSV, --until, --profile, refused arguments), real_dp.py's two ranks
-over gloo against the simulation (fp32 and bf16, row for row), the batched codec call
-against one call per rank (where the codec extension builds), and sweep.py's merge (no
-torch needed). Skipped, saying so, where torch is not installed."""
+over gloo against the simulation (fp32 and bf16, row for row), and the batched codec
+call against one call per rank (where the codec extension builds). Skipped, saying so,
+where torch is not installed."""
 
 import csv
 import os
@@ -15,8 +12,8 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# examples/pytorch/train: the scripts run by path (their imports are of each other)
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "train")
 
 try:
     import torch
@@ -117,7 +114,7 @@ class ModelAndReducerTest(unittest.TestCase):
 @unittest.skipIf(torch is None, "torch is not installed")
 class RunTest(unittest.TestCase):
     def _run(self, out, *extra):
-        cmd = [sys.executable, os.path.join(HERE, "simulate_dp.py"), "--device", "cpu",
+        cmd = [sys.executable, os.path.join(TRAIN, "simulate_dp.py"), "--device", "cpu",
                "--model", "cnn", "--ranks", "2", "--steps", "4", "--eval-every", "2",
                "--val-seqs", "256", "--batch", "4", "--layers", "1", "--width", "8",
                "--warmup", "1", "--seeds", "0", "1", "--out", out, *extra]
@@ -174,7 +171,7 @@ class RunTest(unittest.TestCase):
     def test_profile_labels_the_phases(self):
         with tempfile.TemporaryDirectory() as d:
             p = subprocess.run(
-                [sys.executable, os.path.join(HERE, "simulate_dp.py"), "--device", "cpu",
+                [sys.executable, os.path.join(TRAIN, "simulate_dp.py"), "--device", "cpu",
                  "--model", "cnn", "--ranks", "2", "--steps", "11", "--eval-every", "11",
                  "--val-seqs", "256", "--batch", "2", "--layers", "1", "--width", "8",
                  "--seeds", "0", "--configs", "fp32", "--profile", "1",
@@ -197,7 +194,6 @@ def codec_or_reason():
     """The codec extension (built just in time: needs nvcc), or why it is not at hand."""
     os.environ.setdefault("LOWBIT_TORCH_CODEC_ONLY", "1")  # the codec is all this needs
     try:
-        import simulate_dp  # noqa: F401  (puts lowbit_torch on the path)
         import lowbit_torch
 
         lowbit_torch.load()
@@ -234,31 +230,6 @@ class BatchedCodecTest(unittest.TestCase):
                     self.assertTrue(torch.equal(batched.e, per_rank.e), name)
 
 
-class MergeTest(unittest.TestCase):
-    """sweep.merge needs no torch."""
-
-    @staticmethod
-    def row(config, seed, step, val, ranks=2):
-        return {"config": config, "seed": str(seed), "ranks": str(ranks), "step": str(step),
-                "train_loss": "1.00000", "val_loss": val, "seconds": "1.0"}
-
-    def test_rows_are_ordered_and_deduplicated(self):
-        from sweep import merge
-
-        old = [self.row("bf16", 1, 250, "2.0"), self.row("bf16", 0, 250, "2.1")]
-        new = [self.row("b4", 0, 500, "1.5"), self.row("bf16", 0, 500, "1.4"),
-               self.row("b4", 0, 250, "2.2"), self.row("bf16", 0, 250, "2.1")]
-        got = [(r["config"], r["step"], r["seed"]) for r in merge([old, new])]
-        self.assertEqual(got, [("bf16", "250", "0"), ("bf16", "250", "1"), ("bf16", "500", "0"),
-                               ("b4", "250", "0"), ("b4", "500", "0")])
-
-    def test_a_disagreeing_rerun_is_refused(self):
-        from sweep import merge
-
-        with self.assertRaisesRegex(ValueError, r"\('bf16', 2, 0, 250\): 2.1 vs 2.2"):
-            merge([[self.row("bf16", 0, 250, "2.1")], [self.row("bf16", 0, 250, "2.2")]])
-
-
 @unittest.skipIf(torch is None, "torch is not installed")
 class RealRanksTest(unittest.TestCase):
     """real_dp.py (two processes, DDP over gloo) against the simulation of two ranks: for
@@ -280,11 +251,11 @@ class RealRanksTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             real, simulated = os.path.join(d, "real.csv"), os.path.join(d, "sim.csv")
             p = subprocess.run([sys.executable, "-m", "torch.distributed.run",
-                                "--nproc-per-node", "2", os.path.join(HERE, "real_dp.py"),
+                                "--nproc-per-node", "2", os.path.join(TRAIN, "real_dp.py"),
                                 *self.ARGS, "--out", real],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(p.returncode, 0, p.stderr[-3000:])
-            p = subprocess.run([sys.executable, os.path.join(HERE, "simulate_dp.py"),
+            p = subprocess.run([sys.executable, os.path.join(TRAIN, "simulate_dp.py"),
                                 *self.ARGS, "--ranks", "2", "--out", simulated],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(p.returncode, 0, p.stderr[-3000:])
@@ -294,7 +265,7 @@ class RealRanksTest(unittest.TestCase):
 
     def test_refusals(self):
         def refused(*extra):
-            p = subprocess.run([sys.executable, os.path.join(HERE, "real_dp.py"), *self.ARGS,
+            p = subprocess.run([sys.executable, os.path.join(TRAIN, "real_dp.py"), *self.ARGS,
                                 *extra], capture_output=True, text=True, timeout=120)
             self.assertEqual(p.returncode, 2, p.stderr)
             return p.stderr
@@ -311,7 +282,7 @@ class SweepTest(unittest.TestCase):
               "--width", "8", "--warmup", "1", "--seeds", "0", "1"]
 
     def sweep(self, out, *mine):
-        cmd = [sys.executable, os.path.join(HERE, "sweep.py"), "--out", out, *mine,
+        cmd = [sys.executable, os.path.join(TRAIN, "sweep.py"), "--out", out, *mine,
                "--configs", "bf16", "fp32", "--", *self.COMMON]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
@@ -340,7 +311,3 @@ class SweepTest(unittest.TestCase):
             self.assertIn("not a deterministic rerun", p.stderr)
             with open(out) as f:
                 self.assertIn("9.99999", f.read())  # nothing written
-
-
-if __name__ == "__main__":
-    unittest.main()

@@ -1,7 +1,4 @@
-"""Tests of step_time.py and of the table scripts/training-docs makes of its CSV:
-
-    python3 -m unittest -q test_step_time        (in examples/pytorch/train)
-
+"""Tests of train/step_time.py and of the table scripts/training-docs makes of its CSV.
 A stand-in launcher (no torch) checks the driver: the environment of each link regime,
 the arguments of each comm, the CSV, and a failed run. One real run over gloo on the CPU
 (torchrun, train_gpt_ddp.py --device cpu) where torch and transformers are installed."""
@@ -16,11 +13,11 @@ import tempfile
 import textwrap
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, HERE)
+import step_time
 
-import step_time  # noqa: E402
+_PYTORCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TRAIN = os.path.join(_PYTORCH, "train")  # the scripts run by path
+ROOT = os.path.normpath(os.path.join(_PYTORCH, "..", ".."))  # the repository
 
 # Prints what train_gpt_ddp.py's rank 0 prints; the step time tells the regime and comm
 # apart (10 ms, +5 without P2P, +20 without shared memory; +1 per lowbit bit), and a
@@ -56,7 +53,7 @@ class StepTimeDriverTest(unittest.TestCase):
         with open(launcher, "w") as f:
             f.write(LAUNCHER)
         out = os.path.join(d, "st.csv")
-        cmd = [sys.executable, os.path.join(HERE, "step_time.py"), "--out", out,
+        cmd = [sys.executable, os.path.join(TRAIN, "step_time.py"), "--out", out,
                "--launcher", f"{sys.executable} {launcher}", "--no-prebuild", *mine, "--",
                "--layers", "1"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
@@ -94,7 +91,7 @@ class StepTimeDriverTest(unittest.TestCase):
     def test_an_unknown_comm_is_refused_before_any_run(self):
         with tempfile.TemporaryDirectory() as d:
             launcher = os.path.join(d, "never")
-            p = subprocess.run([sys.executable, os.path.join(HERE, "step_time.py"), "--out",
+            p = subprocess.run([sys.executable, os.path.join(TRAIN, "step_time.py"), "--out",
                                 os.path.join(d, "st.csv"), "--launcher", launcher,
                                 "--comms", "nccl", "lowbit"], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2)
@@ -140,7 +137,7 @@ class StepTimeOnTheCpuTest(unittest.TestCase):
     def test_a_real_run_over_gloo(self):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "st.csv")
-            cmd = [sys.executable, os.path.join(HERE, "step_time.py"), "--out", out,
+            cmd = [sys.executable, os.path.join(TRAIN, "step_time.py"), "--out", out,
                    "--regimes", "pcie", "--comms", "none", "nccl", "--launcher",
                    f"{sys.executable} -m torch.distributed.run", "--",
                    "--device", "cpu", "--steps", "4", "--timed", "2", "--layers", "1",
@@ -154,7 +151,3 @@ class StepTimeOnTheCpuTest(unittest.TestCase):
         for r in rows:
             self.assertGreater(float(r["median_ms"]), 0)
             self.assertGreater(float(r["val_loss"]), 0)
-
-
-if __name__ == "__main__":
-    unittest.main()

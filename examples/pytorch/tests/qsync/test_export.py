@@ -1,17 +1,11 @@
-"""CPU tests of export.py's measurements that need torch but no GPU:
-
-    python3 -m pytest examples/pytorch/qsync/test_export.py   (or python3 FILE)
+"""CPU tests of qsync.export's measurements that need torch but no GPU.
 
 record_workspace reads the CUDA caching allocator's statistics; here a fake allocator
 stands in for them, and modules whose forward and backward allocate and free known
 scratch check that each op gets the larger of its two, under its call name."""
 
-import os
-import sys
 import unittest
 from unittest import mock
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 try:
     import torch
@@ -65,7 +59,7 @@ if torch is not None:
 @unittest.skipIf(torch is None, "needs torch")
 class RecordWorkspace(unittest.TestCase):
     def test_scratch_per_op_forward_or_backward(self):
-        import export as ex
+        from qsync import export as ex
 
         shared = Op(300, 50)  # called twice: two ops, "b" and "b#2"
         model = nn.Sequential()
@@ -86,7 +80,7 @@ class RecordWorkspace(unittest.TestCase):
                                              device_type="cpu"), {})
 
     def test_merge_into_records(self):
-        import export as ex
+        from qsync import export as ex
 
         records = {"a": {"saved_bytes": {"fp32": 1.0}}, "b": {}}
         ex.merge_workspace(records, "bf16", {"a": 10.0, "zzz": 5.0})
@@ -94,5 +88,3 @@ class RecordWorkspace(unittest.TestCase):
         self.assertNotIn("workspace_bytes", records["b"])
 
 
-if __name__ == "__main__":
-    unittest.main()

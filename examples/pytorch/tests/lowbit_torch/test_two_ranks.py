@@ -1,6 +1,6 @@
 """The torch path on two GPUs, one process each:
 
-    torchrun --nproc-per-node 2 -m pytest -q examples/pytorch/tests/test_two_ranks.py
+    torchrun --nproc-per-node 2 -m pytest -q examples/pytorch/tests/lowbit_torch/test_two_ranks.py
 
 (skipped elsewhere). The hook's all_reduce equals a reference built from the codec
 functions (the same kernels, one-shot's data flow: every rank's whole tensor encoded
@@ -12,12 +12,13 @@ parameters on both ranks."""
 import os
 
 import pytest
-import torch
-import torch.distributed as dist
-import torch.nn as nn
 
-import lowbit_torch
-from conftest import fully_shard_with_lowbit
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import lowbit_torch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("WORLD_SIZE") != "2",
                                 reason="needs torchrun --nproc-per-node 2")
@@ -139,7 +140,8 @@ def test_ddp_with_the_hook_keeps_both_ranks_identical(ext, group):
     assert s["lowbit_calls"] >= 20 and s.get("nccl_calls", 0) == 0
 
 
-def test_fsdp_with_lowbit_collectives_keeps_both_ranks_identical(ext, group):
+def test_fsdp_with_lowbit_collectives_keeps_both_ranks_identical(ext, group,
+                                                                 fully_shard_with_lowbit):
     model = _model()
     assert fully_shard_with_lowbit(model) == 4
     losses = _train(model)

@@ -1,4 +1,5 @@
-"""Tests of the torch-free half of the exporter: python3 test_qsync_model.py
+"""Tests of the torch-free half of the exporter (qsync.qsync_model, and validate's
+predict mode).
 
 With LOWBIT_PLAN set to a built lowbit-plan, the exported model JSON, a hand-written
 trace and a plan also go through the planner (the schema both sides agree on)."""
@@ -10,9 +11,10 @@ import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qsync import qsync_model as qm
 
-import qsync_model as qm  # noqa: E402
+# examples/pytorch: where `python3 -m qsync.validate` finds the package
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def ev(cat, name, ts, dur, tid=1, **args):
@@ -215,7 +217,7 @@ class HostTruth(unittest.TestCase):
     def test_host_truth_traces(self):
         # validate.py --predict gives lowbit-plan the median of the host samples that
         # --host-truth names, from OUT/host_times.json.
-        import validate
+        from qsync import validate
         with tempfile.TemporaryDirectory() as out:
             os.makedirs(os.path.join(out, "traces"))
             qm.write_json(os.path.join(out, "host_times.json"), {"m": {"precisions": {
@@ -240,15 +242,12 @@ class Smoke(unittest.TestCase):
     def test_validate_smoke(self):
         """The whole pipeline on tiny models on the CPU (checks code, measures nothing)."""
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
-                                                             "validate.py"),
+            r = subprocess.run([sys.executable, "-m", "qsync.validate",
                                 "--smoke", "--out", d, "--lowbit-plan", os.environ["LOWBIT_PLAN"],
                                 "--iters", "2", "--warmup", "1", "--profile-steps", "1",
-                                "--host-iters", "2"], capture_output=True, text=True)
+                                "--host-iters", "2"], capture_output=True, text=True, cwd=ROOT)
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             self.assertIn("| cnn-b256/mixed-norms |", r.stdout)
             self.assertTrue(os.path.exists(os.path.join(d, "validation.csv")))
 
 
-if __name__ == "__main__":
-    unittest.main()

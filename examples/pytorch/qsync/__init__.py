@@ -1,0 +1,16 @@
+"""QSync's PyTorch side: from an nn.Module to lowbit-plan's inputs, and a plan back onto
+the module (lowbit-plan, the C++ planner, is in tools/).
+
+- ``qsync_model``: the torch-free half: the model JSON, plans, host samples, traces.
+- ``export``: records a module's ops and profiles it (the traces lowbit-plan reads).
+- ``apply_plan``: a plan's precisions applied to a module as per-module autocast.
+- ``validate``: the pipeline end to end on one GPU, predicted against measured
+  (``lowbit-qsync-validate``).
+- ``host_drift``, ``memory_probe``: measurements behind validate's choices
+  (``lowbit-qsync-host-drift``, ``lowbit-qsync-memory-probe``).
+- ``make_test_traces``, ``trim_trace``: the C++ tests' real traces
+  (``lowbit-qsync-make-test-traces``, ``lowbit-qsync-trim-trace``).
+
+Each command is also ``python3 -m qsync.<module>`` with examples/pytorch on the path.
+Nothing here imports lowbit_torch.
+"""

@@ -1,0 +1,224 @@
+"""The build helper, lowbit_torch/_build.py (no torch needed: it is loaded by path, as
+setup.py loads it):
+
+- the choice of C++ compiler: a module linked against another libstdc++ than the one the
+  Python process runs crashes on its first formatted error message, so the build must
+  pick a compiler whose libstdc++ is the loaded one;
+- the C++ standard torch's headers demand;
+- the sources generated from the table: one per compiled instance, and a run-time
+  dispatch (instances.h) onto exactly those instances, with every choice the Python side
+  offers among them."""
+
+import importlib.util
+import os
+import re
+import stat
+import tempfile
+import unittest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.join(_HERE, "..", "..", "lowbit_torch")
+_spec = importlib.util.spec_from_file_location("lowbit_torch_build",
+                                               os.path.join(_PACKAGE, "_build.py"))
+_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_build)
+
+
+class CompilerChoiceTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.root = self.dir.name
+        self.system_lib = self._file("system/libstdc++.so.6.0.33")
+        self.other_lib = self._file("opt/libstdc++.so.6.0.34")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def _file(self, rel):
+        path = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").close()
+        return os.path.realpath(path)
+
+    def _compiler(self, name, prints):
+        """A fake compiler driver answering -print-file-name=libstdc++.so with `prints`."""
+        path = os.path.join(self.root, "bin", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(f"#!/bin/sh\necho '{prints}'\n")
+        os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        return path
+
+    def test_a_compiler_of_the_loaded_libstdcxx_is_kept(self):
+        cxx = self._compiler("g++", self.system_lib)
+        self.assertEqual(_build.compilers({"CXX": cxx}, self.system_lib, fallbacks=()), {})
+
+    def test_a_compiler_of_another_libstdcxx_gives_way_to_the_system_one(self):
+        opt = self._compiler("opt-g++", self.other_lib)
+        sys_cxx = self._compiler("sys-g++", self.system_lib)
+        got = _build.compilers({"CXX": opt}, self.system_lib,
+                               fallbacks=((sys_cxx, "/usr/bin/gcc"),))
+        self.assertEqual(got, {"CXX": sys_cxx, "CC": "/usr/bin/gcc"})
+
+    def test_a_static_only_compiler_gives_way(self):
+        static = self._compiler("static-g++", "libstdc++.so")  # bare name: no shared library
+        sys_cxx = self._compiler("sys-g++", self.system_lib)
+        got = _build.compilers({"CXX": static}, self.system_lib,
+                               fallbacks=((sys_cxx, "cc"),))
+        self.assertEqual(got["CXX"], sys_cxx)
+
+    def test_no_compiler_that_qualifies_raises_naming_cxx(self):
+        opt = self._compiler("opt-g++", self.other_lib)
+        with self.assertRaisesRegex(RuntimeError, "Set CXX"):
+            _build.compilers({"CXX": opt}, self.system_lib, fallbacks=((opt, "cc"),))
+
+    def test_nothing_is_overridden_before_a_libstdcxx_is_loaded(self):
+        opt = self._compiler("opt-g++", self.other_lib)
+        self.assertEqual(_build.compilers({"CXX": opt}, "", fallbacks=()), {})
+
+    def test_the_loaded_libstdcxx_is_read_from_the_process_map(self):
+        maps = os.path.join(self.root, "maps")
+        with open(maps, "w") as fh:
+            fh.write("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n\n")
+            fh.write(f"7f20-7f30 r-xp 00000000 08:01 2 {self.system_lib}\n")
+        self.assertEqual(_build.loaded_libstdcxx(maps), self.system_lib)
+        self.assertIsNone(_build.loaded_libstdcxx(os.path.join(self.root, "absent")))
+
+
+
+class StandardTest(unittest.TestCase):
+    """torch's headers decide between lowbit's C++17 and the C++20 newer torch demands."""
+
+    def _include(self, aten_h):
+        d = tempfile.TemporaryDirectory()
+        self.addCleanup(d.cleanup)
+        os.makedirs(os.path.join(d.name, "ATen"))
+        with open(os.path.join(d.name, "ATen", "ATen.h"), "w") as f:
+            f.write(aten_h)
+        return d.name
+
+    def test_cxx17_where_torch_accepts_it(self):
+        self.assertEqual(_build.cxx_standard(self._include("#pragma once\n")), "-std=c++17")
+
+    def test_cxx20_where_torch_demands_it(self):
+        h = ("#if !defined(__cplusplus) || __cplusplus < 202002L\n"
+             "#error C++20 or later compatible compiler is required to use ATen.\n#endif\n")
+        self.assertEqual(_build.cxx_standard(self._include(h)), "-std=c++20")
+
+    def test_cxx17_without_torch_headers(self):
+        self.assertEqual(_build.cxx_standard("/nonexistent"), "-std=c++17")
+
+
+def _have_torch():
+    return importlib.util.find_spec("torch") is not None
+
+
+class GeneratedSourcesTest(unittest.TestCase):
+    """What generate() writes from the table (DTYPES, FEEDBACK, COMPILED)."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.sources = _build.sources(self.dir.name)
+        with open(os.path.join(self.dir.name, "instances.h")) as f:
+            self.header = f.read()
+
+    def instantiated(self):
+        """(op, C++ type, feedback policy or None) of each generated .cu's instantiation."""
+        found = []
+        for path in self.sources:
+            if not path.endswith(".cu"):
+                continue
+            with open(path) as f:
+                text = f.read()
+            m = (re.search(r"make_(all_reduce|reduce_scatter)_as<(\w+), (.+)>\(", text)
+                 or re.search(r"make_(all_gather)_as<(\w+)>\(", text)
+                 or re.search(r"LOWBIT_TORCH_INSTANTIATE_(CODEC)\((\w+)\)", text))
+            self.assertIsNotNone(m, path)
+            op = m.group(1).lower()
+            found.append((op, m.group(2), m.group(3) if m.lastindex == 3 else None))
+        return found
+
+    def dispatched(self):
+        """(op, C++ type, feedback policy or None) of each case of instances.h's visits."""
+        found = []
+        for op, body in re.findall(r"struct (\w+)_instances \{(.*?)\n\};", self.header, re.S):
+            for call in re.findall(r"f\((tag<.*?>\{\}(?:, tag<.*>\{\})?)\);", body):
+                tags = re.findall(r"tag<(.*?)>\{\}", call)
+                found.append((op, tags[0], tags[1] if len(tags) > 1 else None))
+        return found
+
+    def expected(self):
+        return [(op, _build.DTYPES[t], _build.FEEDBACK[f][0] if f else None)
+                for op, t, f in _build.instances()]
+
+    def test_one_source_per_instance_of_the_table(self):
+        self.assertEqual(len(_build.instances()), 3 + 3 * 5 + 2 * 2 + 2)
+        cu = [os.path.basename(p) for p in self.sources if p.endswith(".cu")]
+        self.assertEqual(len(cu), len(set(cu)))
+        self.assertEqual(sorted(self.instantiated()), sorted(self.expected()))
+
+    def test_the_dispatch_reaches_exactly_the_instances_compiled(self):
+        self.assertEqual(sorted(self.dispatched()), sorted(self.instantiated()))
+
+    def test_the_feedback_names_are_the_tables(self):
+        accepted = re.findall(r'name == "(\w+)"', self.header)
+        want = [n for rule, (_, aliases) in _build.FEEDBACK.items() for n in (rule, *aliases)]
+        self.assertEqual(accepted, want)
+        enum = re.search(r"enum class feedback_kind \{ (.*) \};", self.header).group(1)
+        self.assertEqual(enum.split(", "), list(_build.FEEDBACK))
+        for op in _build.COMPILED:
+            self.assertTrue(set(_build.feedback_rules(op)) <= set(_build.FEEDBACK), op)
+            self.assertTrue(set(_build.dtypes(op)) <= set(_build.DTYPES), op)
+
+    def test_nothing_else_spells_the_instances(self):
+        """csrc/ holds no hand-written instance and names no feedback policy: the table
+        and what is generated from it are the only list."""
+        for name in os.listdir(_build.CSRC):
+            self.assertFalse(name.endswith(".cu"), name)
+            with open(os.path.join(_build.CSRC, name)) as f:
+                text = f.read()
+            for policy, _ in _build.FEEDBACK.values():
+                if policy != "lowbit::feedback::none":  # all_gather's, by definition
+                    self.assertNotIn(policy, text, name)
+            for rule in _build.FEEDBACK:
+                if rule != "none":
+                    self.assertNotIn(f'"{rule}"', text, name)
+
+    def test_the_codec_only_build_is_the_codec_and_its_bindings(self):
+        with tempfile.TemporaryDirectory() as d:
+            got = [os.path.basename(p) for p in _build.sources(d, codec_only=True)]
+        self.assertEqual(got, ["codec_float32.cu", "codec_float16.cu", "codec_bfloat16.cu",
+                               "codec_bindings.cpp", "bindings.cpp"])
+
+    def test_unchanged_sources_are_not_rewritten(self):
+        before = {p: os.stat(p).st_mtime_ns for p in self.sources}
+        os.utime(self.sources[0], ns=(1, 1))  # an old file whose content is still right
+        self.assertEqual(_build.sources(self.dir.name), self.sources)
+        self.assertEqual(os.stat(self.sources[0]).st_mtime_ns, 1)
+        for p in self.sources[1:]:
+            self.assertEqual(os.stat(p).st_mtime_ns, before[p], p)
+
+    @unittest.skipUnless(_have_torch(), "torch is not installed")
+    def test_every_choice_of_the_python_side_is_compiled(self):
+        """The choices lowbit_torch offers (DDPState's feedback rules and the dtypes it
+        takes, the codec's dtypes, FSDP's defaults) are instances the table compiles."""
+        import torch
+
+        import lowbit_torch
+        from lowbit_torch import codec, ddp, fsdp
+
+        compiled = set(_build.instances())
+        for t in _build.dtypes("all_reduce"):
+            for rule in ddp.FEEDBACK:
+                self.assertIn(("all_reduce", t, rule), compiled)
+        names = {getattr(torch, t): t for t in _build.DTYPES}
+        for dtype in codec._DTYPES:
+            self.assertIn(("codec", names[dtype], None), compiled)
+        rs = fsdp.ReduceScatter()
+        for t in _build.dtypes("reduce_scatter"):
+            self.assertIn(("reduce_scatter", t, rs.feedback), compiled)
+            self.assertIn(("all_gather", t, None), compiled)
+        self.assertTrue(callable(lowbit_torch.ddp_hook))
+
+
