@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "lowbit/collective/types.hpp"
 #include "lowbit/core/error.hpp"
 
 namespace lowbit::test {
