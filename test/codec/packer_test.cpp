@@ -58,7 +58,9 @@ void check_all_widths(std::size_t count, std::integer_sequence<int, B...>) {
 }  // namespace
 
 TEST_CASE("every code of every width 1..16 packs and unpacks exactly") {
-  const std::size_t count = GENERATE(as<std::size_t>{}, 0, 1, 127, 128, 129, 100003);
+  // pack_group always takes 32 codes: counts that end a group early, fill it, and many
+  // groups (a count of 0 would call it on nothing and check nothing).
+  const std::size_t count = GENERATE(as<std::size_t>{}, 1, 31, 127, 128, 129, 100003);
   INFO("count " << count);
   check_all_widths(count, std::make_integer_sequence<int, 16>{});
 }

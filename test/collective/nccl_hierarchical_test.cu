@@ -266,6 +266,11 @@ TEST_CASE(
     nc.inter.abort();
     LOWBIT_CUDA_TRY(cudaStreamSynchronize(s));
     LOWBIT_CUDA_TRY(cudaStreamDestroy(s));
+    // Every rank reports what rank 0's call ended with (the others asserted nothing).
+    int kind = r.kind;
+    MPI_Bcast(&kind, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    INFO(N << " x " << G << ": rank 0's call ended with outcome " << kind);
+    CHECK(kind == 2);
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }
@@ -330,15 +335,33 @@ TEST_CASE(
   CHECK(nc.nodes == world_size());
 }
 
-TEST_CASE("split_by_node: nodes of different sizes raise the same error on every rank") {
-  if (world_size() < 3) return;  // 2 ranks make 1 x 2 or 2 x 1 only
-  const int me = world_rank();
-  const int key = me == world_size() - 1 ? 7 : 3;  // nodes of P - 1 ranks and of 1
-  const outcome r = run_call([&] { comm::split_by_node(*g_world, key, std::chrono::seconds(30)); });
+TEST_CASE(
+    "split_by_node: nodes of different sizes raise the same error on every rank, equal ones "
+    "split") {
+  const int me = world_rank(), P = world_size();
+  const int key = me == P - 1 ? 7 : 3;  // nodes of P - 1 ranks and of 1
+  // The verdict every rank reaches from the gathered keys: 3 ranks, nodes of 2 and 1.
+  const std::string why = comm::detail::node_shape_error({3, 3, 7}, {0, 0, 0});
+  INFO(why);
+  CHECK(why.find("between 1 ranks (node key 7) and 2 (node key 3)") != std::string::npos);
+  CHECK(why.find("same number of ranks") != std::string::npos);
+  CHECK(comm::detail::node_shape_error({3, 7}, {0, 0}).empty());  // 1 and 1: one shape
+  comm::node_comms<comm::nccl_comm> nc;
+  const outcome r =
+      run_call([&] { nc = comm::split_by_node(*g_world, key, std::chrono::seconds(30)); });
   INFO(r.what);
+  CHECK(same_everywhere(r));
+  if (P == 2) {
+    // Keys 3 and 7 make nodes of one rank each (2 ranks can make no others): keys need
+    // not be 0..N-1, and the nodes follow the world's rank order.
+    CHECK(r.kind == 0);
+    CHECK(nc.nodes == 2);
+    CHECK(nc.ranks_per_node == 1);
+    CHECK(nc.node == me);
+    return;
+  }
   CHECK(r.kind == 1);
   CHECK(r.what.find("same number of ranks") != std::string::npos);
-  CHECK(same_everywhere(r));
 }
 
 TEST_CASE("split_by_node refuses a non-blocking communicator on every rank, before splitting") {
