@@ -7,9 +7,10 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
-# Debian/Ubuntu packages lowbit needs beyond the CUDA Toolkit and NCCL.
+# Debian/Ubuntu packages lowbit needs beyond the CUDA Toolkit and NCCL. zlib1g-dev: the
+# tests read gzipped traces (test/ refuses to configure without zlib).
 LOWBIT_APT_PACKAGES=(cmake g++ make catch2 nlohmann-json3-dev libbenchmark-dev
-                     libopenmpi-dev openmpi-bin)
+                     libopenmpi-dev openmpi-bin zlib1g-dev)
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 

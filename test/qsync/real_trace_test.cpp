@@ -28,7 +28,10 @@ namespace {
 const std::string data_dir = LOWBIT_TEST_DATA_DIR;
 }  // namespace
 
-#if defined(LOWBIT_QSYNC_WITH_ZLIB)
+#if !defined(LOWBIT_QSYNC_WITH_ZLIB)
+#error "the real-trace tests read gzipped traces: build them with zlib (test/qsync/CMakeLists.txt)"
+#endif
+
 TEST_CASE("a real H200 trace (fp32, gzipped): kernels by correlation id, tail, host times") {
   const training_model m = model_from_json(read_json_file(data_dir + "/qsync_h200_cnn_model.json"));
   REQUIRE(m.graph.size() == 60);  // leaf-module calls, a shared ReLU twice per block
@@ -94,10 +97,3 @@ TEST_CASE("a real H200 trace (bf16, gzipped) is a second profile of the same gro
   REQUIRE(t.find("conv1", precision::bf16)->forward_ms == Approx(2.540763 + 6 * 0.001248046875));
   REQUIRE(t.find_tail(precision::bf16)->gpu_ms == Approx(0.727867 + 27 * 0.001248046875));
 }
-#else
-TEST_CASE("real H200 traces (gzipped): skipped, built without zlib") {
-  WARN(
-      "built without zlib: the gzipped real-trace tests (test/data/qsync_h200_*.json.gz) "
-      "are skipped");
-}
-#endif
