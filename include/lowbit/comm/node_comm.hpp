@@ -49,6 +49,36 @@ struct node_rank_info {
   cudaUUID_t uuid = {};  ///< its GPU, the same name in every process
 };
 
+/// Why the ranks in `peers` (each as it described itself) cannot form a node group, as rank
+/// `me` sees it; empty when they can. `reach(p)` says why this rank cannot map rank p's GPU
+/// memory (empty when it can); it is asked only about ranks on another GPU. Pure: the host
+/// tests call it with made-up groups.
+inline std::string node_group_problem(const std::vector<node_rank_info>& peers, int me,
+                                      const std::function<std::string(int)>& reach) {
+  const int size = static_cast<int>(peers.size());
+  const node_rank_info& mine = peers[static_cast<std::size_t>(me)];
+  for (int p = 0; p < size; ++p) {
+    const node_rank_info& q = peers[static_cast<std::size_t>(p)];
+    const std::string who = "rank " + std::to_string(p);
+    if (q.rank != p || q.size != size)
+      return who + " says it is rank " + std::to_string(q.rank) + " of " + std::to_string(q.size) +
+             " where the bootstrap makes it rank " + std::to_string(p) + " of " +
+             std::to_string(size);
+    if (std::strncmp(q.host, mine.host, sizeof q.host) != 0)
+      return "the ranks are not on one node: " + who + " is on host '" +
+             std::string(q.host, strnlen(q.host, sizeof q.host)) + "' and rank " +
+             std::to_string(me) + " on '" +
+             std::string(mine.host, strnlen(mine.host, sizeof mine.host)) +
+             "' (the node backend maps its peers' GPU memory; across nodes use NCCL or MPI)";
+    if (p != me && q.pid == mine.pid)
+      return who + " is in this rank's process: the node backend needs one process per rank";
+    if (p == me || std::memcmp(&q.uuid, &mine.uuid, sizeof q.uuid) == 0) continue;
+    const std::string why = reach(p);
+    if (!why.empty()) return who + ": " + why;
+  }
+  return {};
+}
+
 /// The ranks of one node over CUDA IPC. Move-only; the bootstrap channel must stay usable
 /// while collectives are being built on this communicator (not during their calls).
 class node_comm {
@@ -165,35 +195,20 @@ class node_comm {
  private:
   /// Empty when the group can work; else why not, as this rank sees it.
   std::string check_group() const {
-    const node_rank_info& me = peers_[static_cast<std::size_t>(rank_)];
-    for (int p = 0; p < size_; ++p) {
-      const node_rank_info& q = peers_[static_cast<std::size_t>(p)];
-      const std::string who = "rank " + std::to_string(p);
-      if (q.rank != p || q.size != size_)
-        return who + " says it is rank " + std::to_string(q.rank) + " of " +
-               std::to_string(q.size) + " where the bootstrap makes it rank " + std::to_string(p) +
-               " of " + std::to_string(size_);
-      if (std::strncmp(q.host, me.host, sizeof q.host) != 0)
-        return "the ranks are not on one node: " + who + " is on host '" + q.host + "' and rank " +
-               std::to_string(rank_) + " on '" + me.host +
-               "' (the node backend maps its peers' GPU memory; across nodes use NCCL or MPI)";
-      if (p != rank_ && q.pid == me.pid)
-        return who + " is in this rank's process: the node backend needs one process per rank";
-      if (same_gpu(p)) continue;
-      const int ordinal = local_ordinal(q.uuid);
+    return node_group_problem(peers_, rank_, [this](int p) -> std::string {
+      const int ordinal = local_ordinal(peers_[static_cast<std::size_t>(p)].uuid);
       if (ordinal < 0)
-        return who +
-               "'s GPU is not visible to this process (CUDA_VISIBLE_DEVICES): it cannot "
-               "map that GPU's memory";
+        return "its GPU is not visible to this process (CUDA_VISIBLE_DEVICES): it cannot map "
+               "that GPU's memory";
       int can = 0;
       if (cudaDeviceCanAccessPeer(&can, device_, ordinal) != cudaSuccess || can == 0) {
         (void)cudaGetLastError();
         return "peer access is unavailable between this rank's GPU " + std::to_string(device_) +
-               " and " + who + "'s GPU " + std::to_string(ordinal) +
+               " and its GPU " + std::to_string(ordinal) +
                " (no NVLink or PCIe P2P between them): use NCCL there";
       }
-    }
-    return {};
+      return {};
+    });
   }
 
   /// This process's ordinal of the GPU named `uuid`; -1 when it is not visible.
