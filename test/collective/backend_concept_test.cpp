@@ -36,9 +36,9 @@ struct wrong_transport : mpi_impl {
 };
 
 /// Claims the crossover without the plain collectives.
-struct plain_without_members : mpi_impl {
+struct fallback_without_members : mpi_impl {
   using mpi_impl::mpi_impl;
-  static constexpr bool has_plain = true;
+  static constexpr bool has_fallback = true;
 };
 
 /// A backend tag of a user's own: the collectives' parameter checks accept it.
@@ -67,8 +67,8 @@ TEST_CASE("the MPI backend models the backend concept") {
   STATIC_REQUIRE(concept_ops::has<mpi_impl, concept_ops::host_frames_t>);
   STATIC_REQUIRE(concept_ops::returns<mpi_impl, concept_ops::disagreement_t, std::string>);
   // No plain collectives, and none required.
-  STATIC_REQUIRE_FALSE(mpi_impl::has_plain);
-  STATIC_REQUIRE_FALSE(concept_ops::has<mpi_impl, concept_ops::plain_all_reduce_t>);
+  STATIC_REQUIRE_FALSE(mpi_impl::has_fallback);
+  STATIC_REQUIRE_FALSE(concept_ops::has<mpi_impl, concept_ops::fallback_all_reduce_t>);
 }
 
 TEST_CASE("the concept check tells a backend that lacks a member") {
@@ -76,6 +76,6 @@ TEST_CASE("the concept check tells a backend that lacks a member") {
   STATIC_REQUIRE_FALSE(is_backend_impl_v<no_alltoallv>);
   STATIC_REQUIRE_FALSE(concept_ops::has<no_alltoallv, concept_ops::alltoallv_t>);
   STATIC_REQUIRE_FALSE(is_backend_impl_v<wrong_transport>);
-  STATIC_REQUIRE_FALSE(is_backend_impl_v<plain_without_members>);
-  STATIC_REQUIRE_FALSE(concept_ops::plain_ok<plain_without_members>::value);
+  STATIC_REQUIRE_FALSE(is_backend_impl_v<fallback_without_members>);
+  STATIC_REQUIRE_FALSE(concept_ops::fallback_ok<fallback_without_members>::value);
 }

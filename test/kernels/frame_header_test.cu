@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernel_test_util.cuh"
-#include "lowbit/collective/detail/frame_header.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/kernels/frame_check.cuh"
 
 namespace {

@@ -11,7 +11,7 @@
 // A backend B = backend_impl<Tag> provides the following (size_t is std::size_t; T and U
 // are any element type, Codec any codec, Fb any feedback ref the engine instantiates;
 // `lane` is below, `call_check`, `header_set` and `frame_header` are
-// collective/detail/frame_header.hpp's):
+// collective/detail/agreement.hpp's):
 //
 // Types
 //   comm_type                   the communicator wrapper; has size(), rank(), check(who)
@@ -25,7 +25,9 @@
 //                                               waits); false: a call completes before it
 //                                               returns
 //   static constexpr bool needs_sum_scratch     reduce()/reduce_encode() use `acc`
-//   static constexpr bool has_plain             the plain_* members exist (crossover)
+//   static constexpr bool has_fallback          the fallback_* members exist: below the
+//                                               crossover a call runs the transport's own
+//                                               full-precision collective
 //   static constexpr std::size_t header_bytes   frame_header bytes before each frame (32)
 //   static constexpr bool host_frames           the engine reads received headers itself (the
 //                                               frames are host memory); false: the codec
@@ -78,13 +80,13 @@
 //                  const size_t* recv_off, const size_t* peer_recv_off, call_check&)
 //   void allgather(lane, transfer_buffer& buf, size_t offset, size_t slot_bytes, int bits,
 //                  call_check&)
-// The crossover, only where has_plain (on the caller's stream)
-//   template <class T> void plain_all_reduce(const T* in, T* out, size_t count, reduce_op,
-//                                            stream_type)
-//   template <class T> void plain_reduce_scatter(const T* in, T* out, size_t count,
-//                                                size_t block, reduce_op, stream_type)
-//   template <class T> void plain_all_gather(const T* in, T* out, size_t count, size_t block,
-//                                            stream_type)
+// The crossover, only where has_fallback (on the caller's stream)
+//   template <class T> void fallback_all_reduce(const T* in, T* out, size_t count,
+//                                               reduce_op, stream_type)
+//   template <class T> void fallback_reduce_scatter(const T* in, T* out, size_t count,
+//                                                   size_t block, reduce_op, stream_type)
+//   template <class T> void fallback_all_gather(const T* in, T* out, size_t count,
+//                                               size_t block, stream_type)
 //
 // The checks below instantiate the templated members' declarations only, with float, a
 // 4-bit absmax codec and feedback::none_ref (what every backend must accept).
@@ -98,7 +100,7 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/codec/philox.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/feedback/refs.hpp"
 
@@ -163,7 +165,7 @@ using stream_ordered_t = decltype(bool{B::stream_ordered});
 template <class B>
 using needs_sum_scratch_t = decltype(bool{B::needs_sum_scratch});
 template <class B>
-using has_plain_t = decltype(bool{B::has_plain});
+using has_fallback_t = decltype(bool{B::has_fallback});
 template <class B>
 using header_bytes_t = decltype(std::size_t{B::header_bytes});
 template <class B>
@@ -263,27 +265,27 @@ using allgather_t =
     decltype(lval<B>().allgather(lane::comm, lval<transfer_buffer_t<B>>(), std::size_t{},
                                  std::size_t{}, int{}, lval<call_check>()));
 
-// ---- the crossover (has_plain only) -------------------------------------------------------
+// ---- the crossover (has_fallback only) -------------------------------------------------------
 template <class B>
-using plain_all_reduce_t = decltype(lval<B>().plain_all_reduce(
+using fallback_all_reduce_t = decltype(lval<B>().fallback_all_reduce(
     static_cast<const float*>(nullptr), static_cast<float*>(nullptr), std::size_t{}, reduce_op::sum,
     lval<stream_type_t<B>>()));
 template <class B>
-using plain_reduce_scatter_t = decltype(lval<B>().plain_reduce_scatter(
+using fallback_reduce_scatter_t = decltype(lval<B>().fallback_reduce_scatter(
     static_cast<const float*>(nullptr), static_cast<float*>(nullptr), std::size_t{}, std::size_t{},
     reduce_op::sum, lval<stream_type_t<B>>()));
 template <class B>
-using plain_all_gather_t = decltype(lval<B>().plain_all_gather(
+using fallback_all_gather_t = decltype(lval<B>().fallback_all_gather(
     static_cast<const float*>(nullptr), static_cast<float*>(nullptr), std::size_t{}, std::size_t{},
     lval<stream_type_t<B>>()));
 
 template <class B, class = void>
-struct plain_ok : std::true_type {};  // no has_plain_t: reported by its own check
+struct fallback_ok : std::true_type {};  // no has_fallback_t: reported by its own check
 template <class B>
-struct plain_ok<B, std::enable_if_t<has<B, has_plain_t>>>
-    : std::bool_constant<!B::has_plain ||
-                         (has<B, plain_all_reduce_t> && has<B, plain_reduce_scatter_t> &&
-                          has<B, plain_all_gather_t>)> {};
+struct fallback_ok<B, std::enable_if_t<has<B, has_fallback_t>>>
+    : std::bool_constant<!B::has_fallback ||
+                         (has<B, fallback_all_reduce_t> && has<B, fallback_reduce_scatter_t> &&
+                          has<B, fallback_all_gather_t>)> {};
 
 }  // namespace backend_concept
 
@@ -293,7 +295,7 @@ constexpr bool is_backend_impl() {
   namespace c = backend_concept;
   return c::has<B, c::comm_type_t> && c::has<B, c::stream_type_t> && c::has<B, c::buffer_ops_t> &&
          c::has<B, c::transfer_buffer_ops_t> && c::has<B, c::stream_ordered_t> &&
-         c::has<B, c::needs_sum_scratch_t> && c::has<B, c::has_plain_t> &&
+         c::has<B, c::needs_sum_scratch_t> && c::has<B, c::has_fallback_t> &&
          c::has<B, c::header_bytes_t> && c::has<B, c::host_frames_t> &&
          c::has<B, c::constructor_t> && c::has<B, c::check_comm_t> && c::has<B, c::check_sizes_t> &&
          c::has<B, c::set_transport_t> && c::has<B, c::make_transfer_buffer_t> &&
@@ -305,7 +307,7 @@ constexpr bool is_backend_impl() {
          c::has<B, c::wait_t> && c::has<B, c::encode_t> && c::has<B, c::decode_t> &&
          c::has<B, c::reduce_encode_t> && c::has<B, c::reduce_t> &&
          c::has<B, c::accumulate_output_t> && c::has<B, c::alltoallv_t> &&
-         c::has<B, c::allgather_t> && c::plain_ok<B>::value;
+         c::has<B, c::allgather_t> && c::fallback_ok<B>::value;
 }
 template <class B>
 inline constexpr bool is_backend_impl_v = is_backend_impl<B>();
@@ -327,8 +329,8 @@ constexpr bool check_backend() {
                 "lowbit backend: needs `static constexpr bool stream_ordered`");
   static_assert(c::has<B, c::needs_sum_scratch_t>,
                 "lowbit backend: needs `static constexpr bool needs_sum_scratch`");
-  static_assert(c::has<B, c::has_plain_t>,
-                "lowbit backend: needs `static constexpr bool has_plain`");
+  static_assert(c::has<B, c::has_fallback_t>,
+                "lowbit backend: needs `static constexpr bool has_fallback`");
   static_assert(c::has<B, c::header_bytes_t>,
                 "lowbit backend: needs `static constexpr std::size_t header_bytes`");
   static_assert(c::has<B, c::host_frames_t>,
@@ -395,9 +397,10 @@ constexpr bool check_backend() {
   static_assert(c::has<B, c::allgather_t>,
                 "lowbit backend: needs `void allgather(lane, transfer_buffer&, size_t, size_t, "
                 "int, call_check&)`");
-  static_assert(c::plain_ok<B>::value,
-                "lowbit backend: has_plain needs plain_all_reduce, plain_reduce_scatter and "
-                "plain_all_gather");
+  static_assert(
+      c::fallback_ok<B>::value,
+      "lowbit backend: has_fallback needs fallback_all_reduce, fallback_reduce_scatter and "
+      "fallback_all_gather");
   return is_backend_impl<B>();
 }
 

@@ -3,8 +3,9 @@
 //   lowbit::comm::nccl_comm comm(raw_nccl_comm);          // borrowed
 //   using codec = lowbit::codec<lowbit::quant::absmax<4>, lowbit::round::stochastic>;
 //   lowbit::all_reduce<float, codec, lowbit::feedback::residual<>> reduce(comm, max_count);
-//   reduce(d_in, d_out, count, stream);                   // asynchronous on stream
-//   comm.sync(stream);                                    // raises NCCL errors, never hangs
+//   reduce(d_in, d_out, count, stream);        // returns when d_out holds the result
+//   reduce.async(d_in, d_out, count, stream);  // or: enqueued on stream, returns at once,
+//   reduce.sync(stream);                       // then waited for (deadline, NCCL errors)
 #pragma once
 
 #include "lowbit/collective/all_gather.hpp"

@@ -88,7 +88,7 @@ struct collective_options {
   std::uint64_t seed = 0;         ///< keys stochastic rounding together with the step
   std::uint32_t first_step = 0;   ///< step of the first call; each call adds one
   /// Crossover (NCCL backend): calls on fewer than this many input bytes
-  /// (count * sizeof(T)) run the plain NCCL collective instead, where the codec costs more
+  /// (count * sizeof(T)) run NCCL's own collective instead, where the codec costs more
   /// than it saves. 0 = always low-bit. `lowbit::calibrate_crossover()` measures it on the
   /// communicator's own links; docs/performance.md lists measured values. Ignored with EF21 (its
   /// state needs the codec) and on the MPI backend.

@@ -153,30 +153,7 @@ class nccl_comm {
   /// lowbit::timeout_error thrown, instead of hanging forever on a peer that died or
   /// never called. A CUDA error throws lowbit::cuda_error.
   void sync(cudaStream_t stream,
-            std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) const {
-    check("nccl_comm::sync");
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t s = cudaStreamQuery(stream);
-      if (s == cudaSuccess) return;
-      if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
-      const ncclResult_t e = async_error();
-      if (e != ncclSuccess && e != ncclInProgress) {
-        abort();
-        throw nccl_error(__FILE__, __LINE__, static_cast<int>(e),
-                         std::string("nccl_comm::sync: asynchronous NCCL error, communicator "
-                                     "aborted: ") +
-                             ncclGetErrorString(e));
-      }
-      if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) {
-        abort();
-        throw timeout_error(__FILE__, __LINE__,
-                            "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
-                                " ms; communicator aborted");
-      }
-      std::this_thread::yield();
-    }
-  }
+            std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) const;
 
  private:
   void release() noexcept {
@@ -207,5 +184,54 @@ class nccl_comm {
   mutable ncclComm_t copy_engines_ = nullptr;  ///< made by the first copy_engines_comm()
   mutable std::optional<bool> peers_mapped_;   ///< answered by the first peers_mapped()
 };
+
+/// How a wait on a stream ended (wait_stream).
+struct stream_wait {
+  enum outcome { idle, nccl_failed, timed_out } how = idle;
+  int which = -1;                    ///< nccl_failed: the index of the communicator
+  ncclResult_t error = ncclSuccess;  ///< ... and its asynchronous error
+};
+
+/// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy, the
+/// asynchronous error of each of the `n` communicators `comms`, and the deadline (`timeout`;
+/// zero: none). Aborts nothing: the caller decides what a failure aborts. A CUDA error
+/// throws lowbit::cuda_error.
+inline stream_wait wait_stream(cudaStream_t stream, const nccl_comm* const* comms, int n,
+                               std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t s = cudaStreamQuery(stream);
+    if (s == cudaSuccess) return {};
+    if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
+    for (int i = 0; i < n; ++i) {
+      const ncclResult_t e = comms[i]->async_error();
+      if (e != ncclSuccess && e != ncclInProgress) return {stream_wait::nccl_failed, i, e};
+    }
+    if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout)
+      return {stream_wait::timed_out, -1, ncclSuccess};
+    std::this_thread::yield();
+  }
+}
+
+/// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy,
+/// ncclCommGetAsyncError: on an NCCL error the communicator is aborted and
+/// lowbit::nccl_error thrown, after `timeout` (if positive) it is aborted and
+/// lowbit::timeout_error thrown, instead of hanging forever on a peer that died or
+/// never called. A CUDA error throws lowbit::cuda_error.
+inline void nccl_comm::sync(cudaStream_t stream, std::chrono::milliseconds timeout) const {
+  check("nccl_comm::sync");
+  const nccl_comm* self = this;
+  const stream_wait w = wait_stream(stream, &self, 1, timeout);
+  if (w.how == stream_wait::idle) return;
+  abort();
+  if (w.how == stream_wait::nccl_failed)
+    throw nccl_error(__FILE__, __LINE__, static_cast<int>(w.error),
+                     std::string("nccl_comm::sync: asynchronous NCCL error, communicator "
+                                 "aborted: ") +
+                         ncclGetErrorString(w.error));
+  throw timeout_error(__FILE__, __LINE__,
+                      "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
+                          " ms; communicator aborted");
+}
 
 }  // namespace lowbit::comm

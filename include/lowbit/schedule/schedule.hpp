@@ -133,6 +133,19 @@ inline range shard(std::size_t count, std::size_t block, int ranks, int rank) {
       count);
 }
 
+/// Every rank's whole shard as one range (indices from the shard's start): the ranges of a
+/// call that moves whole shards, for code that also moves pieces of them chunk by chunk
+/// (f(range) is called for each non-empty shard p of ranges(p, f)).
+struct whole_shards {
+  std::size_t count, block;
+  int ranks;
+  template <class F>
+  void operator()(int p, F&& f) const {
+    const range s = shard(count, block, ranks, p);
+    if (s.count > 0) f(range{0, s.count});
+  }
+};
+
 /// The size every shard has when all `ranks` shards are equal (one rank, or count a
 /// multiple of ranks * block), else 0: then the shards are the contiguous, equal parts
 /// that NCCL's own reduce_scatter and all_gather use.

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "lowbit/collective/backend.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/engine.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/detail/host_buffer.hpp"
 #include "lowbit/comm/mpi_comm.hpp"
 #include "lowbit/core/float_ops.hpp"
@@ -33,8 +33,8 @@ class mpi_backend {
   static constexpr bool stream_ordered = false;
   /// The host executor sums a shard's frames in an fp32 scratch array.
   static constexpr bool needs_sum_scratch = true;
-  /// No plain fallback: the host backend always runs the codec (it is the reference).
-  static constexpr bool has_plain = false;
+  /// No fallback: the host backend always runs the codec (it is the reference).
+  static constexpr bool has_fallback = false;
 
   /// Every frame starts with a frame_header, checked by its receiver.
   static constexpr std::size_t header_bytes = sizeof(frame_header);

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "lowbit/collective/backend.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/device_steps.cuh"
 #include "lowbit/collective/detail/engine.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/transport/frame_mover.cuh"
 #include "lowbit/transport/window_buffer.cuh"
@@ -27,8 +27,8 @@ class nccl_backend : public device_steps {
   using comm_type = comm::nccl_comm;
   /// The frames the transport moves: symmetric NCCL windows when asked.
   using transfer_buffer = lowbit::transport::window_buffer;
-  /// Below the crossover a call runs the plain NCCL collective (plain_* below).
-  static constexpr bool has_plain = true;
+  /// Below the crossover a call runs NCCL's own collective (fallback_* below).
+  static constexpr bool has_fallback = true;
 
   nccl_backend(const comm_type& comm, int events, int streams)
       : device_steps(events, streams), comm_(&comm), mover_(comm) {}
@@ -96,54 +96,75 @@ class nccl_backend : public device_steps {
     mover_.allgather(buf, offset, slot_bytes, bits, overlap_, stream(l));
   }
 
-  // ---- plain NCCL, for calls below the crossover (on the caller's stream) ------------
+  // ---- NCCL's own collectives, for calls below the crossover (on the caller's stream) ---
   static ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::avg ? ncclAvg : ncclSum; }
 
   template <class T>
-  void plain_all_reduce(const T* in, T* out, std::size_t count, reduce_op op, cudaStream_t s) {
+  void fallback_all_reduce(const T* in, T* out, std::size_t count, reduce_op op, cudaStream_t s) {
     LOWBIT_NCCL_TRY(
         ncclAllReduce(in, out, count, comm::nccl_data_type<T>(), nccl_op(op), comm_->get(), s));
   }
   /// lowbit's block-aligned shards: ncclReduceScatter when they are equal, else one
   /// ncclReduce per owner, grouped (slower than NCCL's own; docs/design.md "Crossover").
   template <class T>
-  void plain_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
-                            cudaStream_t s) {
+  void fallback_reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block,
+                               reduce_op op, cudaStream_t s) {
     if (const std::size_t n = schedule::equal_shard(count, block, comm_->size()); n > 0) {
       LOWBIT_NCCL_TRY(
           ncclReduceScatter(in, out, n, comm::nccl_data_type<T>(), nccl_op(op), comm_->get(), s));
       return;
     }
-    const int P = comm_->size();
-    LOWBIT_NCCL_TRY(ncclGroupStart());
-    for (int p = 0; p < P; ++p) {
-      const schedule::range sh = schedule::shard(count, block, P, p);
-      if (sh.count > 0)
-        LOWBIT_NCCL_TRY(ncclReduce(in + sh.begin, out, sh.count, comm::nccl_data_type<T>(),
-                                   nccl_op(op), p, comm_->get(), s));
-    }
-    LOWBIT_NCCL_TRY(ncclGroupEnd());
+    owner_reduces(in, out, count, block, op, schedule::whole_shards{count, block, comm_->size()},
+                  s);
   }
   /// in = my shard: ncclAllGather when the shards are equal, else each owner broadcasts
   /// its shard into place, grouped (slower than NCCL's own; docs/design.md "Crossover").
   template <class T>
-  void plain_all_gather(const T* in, T* out, std::size_t count, std::size_t block, cudaStream_t s) {
+  void fallback_all_gather(const T* in, T* out, std::size_t count, std::size_t block,
+                           cudaStream_t s) {
     if (const std::size_t n = schedule::equal_shard(count, block, comm_->size()); n > 0) {
       LOWBIT_NCCL_TRY(ncclAllGather(in, out, n, comm::nccl_data_type<T>(), comm_->get(), s));
       return;
     }
-    const int P = comm_->size(), me = comm_->rank();
+    owner_broadcasts(in, out, count, block, schedule::whole_shards{count, block, comm_->size()}, s);
+  }
+
+  /// For every owner p and range r of ranges(p, f) (indices from the start of p's
+  /// block-aligned shard), an ncclReduce of those values to p, grouped; `out` is indexed
+  /// from this rank's shard's start. Every rank issues the same calls in the same order. A
+  /// non-root rank's receive buffer is not written, but NCCL may check it: it gets `out`
+  /// itself, as p's offsets can lie past the end of this rank's (smaller) shard.
+  template <class T, class Ranges>
+  void owner_reduces(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
+                     const Ranges& ranges, cudaStream_t s) {
+    const int me = comm_->rank(), P = comm_->size();
     LOWBIT_NCCL_TRY(ncclGroupStart());
     for (int p = 0; p < P; ++p) {
-      const schedule::range sh = schedule::shard(count, block, P, p);
-      if (sh.count > 0)
-        LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in : out + sh.begin, out + sh.begin, sh.count,
-                                      comm::nccl_data_type<T>(), p, comm_->get(), s));
+      const T* shard = in + schedule::shard(count, block, P, p).begin;
+      ranges(p, [&](schedule::range r) {
+        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, p == me ? out + r.begin : out, r.count,
+                                   comm::nccl_data_type<T>(), nccl_op(op), p, comm_->get(), s));
+      });
+    }
+    LOWBIT_NCCL_TRY(ncclGroupEnd());
+  }
+  /// Every owner broadcasts its ranges (`in` is this rank's shard, indexed from its start)
+  /// into place in `out`, grouped.
+  template <class T, class Ranges>
+  void owner_broadcasts(const T* in, T* out, std::size_t count, std::size_t block,
+                        const Ranges& ranges, cudaStream_t s) {
+    const int me = comm_->rank(), P = comm_->size();
+    LOWBIT_NCCL_TRY(ncclGroupStart());
+    for (int p = 0; p < P; ++p) {
+      T* shard = out + schedule::shard(count, block, P, p).begin;
+      ranges(p, [&](schedule::range r) {
+        LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in + r.begin : shard + r.begin, shard + r.begin,
+                                      r.count, comm::nccl_data_type<T>(), p, comm_->get(), s));
+      });
     }
     LOWBIT_NCCL_TRY(ncclGroupEnd());
   }
 
- private:
  private:
   const comm_type* comm_;
   lowbit::transport::frame_mover mover_;  ///< picks the transport and moves the frames

@@ -17,10 +17,10 @@
 #include <thread>
 
 #include "lowbit/collective/backend.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/device_steps.cuh"
 #include "lowbit/collective/detail/engine.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/comm/node_comm.hpp"
 #include "lowbit/transport/ipc_mover.cuh"
 #include "lowbit/transport/ipc_window.hpp"
@@ -34,7 +34,7 @@ class node_backend : public device_steps {
   /// Every rank's windows are mapped into every other's.
   using transfer_buffer = lowbit::transport::ipc_window;
   /// No fallback collective: the codec always runs.
-  static constexpr bool has_plain = false;
+  static constexpr bool has_fallback = false;
   /// The largest fingerprint allgather_small moves (checked mode's are 32 bytes).
   static constexpr std::size_t small_bytes = 256;
 

@@ -60,7 +60,7 @@ class collective_base {
   /// The step the next call uses for stochastic rounding (each call adds one).
   std::uint32_t step() const noexcept { return engine_.step(); }
   void set_step(std::uint32_t s) noexcept { engine_.set_step(s); }
-  /// Calls on fewer input bytes run the plain NCCL collective (collective_options::
+  /// Calls on fewer input bytes run NCCL's own collective (collective_options::
   /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
   std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
   void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "lowbit/collective/backend.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
-#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/kernels/frame_check.cuh"

@@ -26,7 +26,7 @@
 // A caller that produces the input and consumes the output chunk by chunk (the
 // hierarchical collectives) passes `Links`: links.input_ready(k) is issued on the compute
 // lane before chunk k's input is first read, links.output_ready(k) after chunk k's output
-// is complete; every path of a call (empty, one rank, plain NCCL, one chunk) issues both
+// is complete; every path of a call (empty, one rank, fallback, one chunk) issues both
 // for each of its chunks(count) chunks, so the caller's events are always recorded.
 #pragma once
 
@@ -40,7 +40,7 @@
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/codec/philox.hpp"
 #include "lowbit/collective/backend.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
@@ -50,8 +50,10 @@
 
 namespace lowbit::detail {
 
-/// Event slots an engine uses: one per chunk and phase.
-enum class phase { encoded = 0, exchanged = 1, reduced = 2, gathered = 3 };
+/// Event slots an engine uses: one per chunk and phase. `contributed`: the frame this rank
+/// adds to the chunk's all-gather is written (a re-encoded sum, or a bare encode in
+/// one_shot and all_gather).
+enum class phase { encoded = 0, exchanged = 1, contributed = 2, gathered = 3 };
 constexpr int num_phases = 4;
 
 template <class... Codecs>
@@ -210,11 +212,12 @@ class engine {
   std::uint32_t step() const noexcept { return step_; }
   void set_step(std::uint32_t s) noexcept { step_ = s; }
   const collective_options& options() const noexcept { return opts_; }
-  /// Calls on fewer input bytes run plain NCCL (see collective_options::crossover_bytes).
+  /// Calls on fewer input bytes run NCCL's own collective (see
+  /// collective_options::crossover_bytes).
   std::size_t crossover_bytes() const noexcept { return opts_.crossover_bytes; }
   void set_crossover_bytes(std::size_t bytes) noexcept { opts_.crossover_bytes = bytes; }
 
-  /// True when a call of `count` values takes the plain path: EF21's replicated state is
+  /// True when a call of `count` values takes the fallback path: EF21's replicated state is
   /// defined by the codec's output, so it never does.
   bool below_crossover(std::size_t count) const noexcept {
     return !Feedback::replicated && count * sizeof(T) < opts_.crossover_bytes;
@@ -229,13 +232,13 @@ class engine {
   }
 
   /// The chunks a call of `count` values runs in (what plan() returns; 1 on the empty,
-  /// one-rank and plain paths). The same on every rank of the communicator, and on every
+  /// one-rank and fallback paths). The same on every rank of the communicator, and on every
   /// communicator of the same size and options: a hierarchical collective computes its
   /// peers' chunks with it.
   template <class Codec>
   int chunks(std::size_t count) const {
     if (count == 0 || P_ == 1) return 1;
-    if constexpr (impl::has_plain)
+    if constexpr (impl::has_fallback)
       if (below_crossover(count)) return 1;
     return schedule::num_chunks<Schedule>(count, Codec::block_size, one_shot_ ? 1 : P_);
   }
@@ -281,10 +284,10 @@ class engine {
     if (count == 0) return whole_call(links, [] {});
     call_check& cc = begin_call<Codec>(count, who, stream);
     if (P_ == 1) return whole_call(links, [&] { copy_call(in, out, count, stream); });
-    if constexpr (impl::has_plain) {
+    if constexpr (impl::has_fallback) {
       if (below_crossover(count)) {
         return whole_call(links, [&] {
-          be_.plain_all_reduce(in, out, count, opts_.op, stream);
+          be_.fallback_all_reduce(in, out, count, opts_.op, stream);
           ++step_;
         });
       }
@@ -318,9 +321,9 @@ class engine {
       } else {  // no values (or a disagreement seen on the host): the header alone
         stamp(slot, cc.failed(), received(k));
       }
-      be_.signal(lane::compute, event(k, phase::reduced));
+      be_.signal(lane::compute, event(k, phase::contributed));
     }
-    gather(K, phase::reduced, Codec::bits, cc);
+    gather(K, phase::contributed, Codec::bits, cc);
     check_gathered(K, cc);
     for (int k = 0; k < K; ++k) {  // 5: decode the reduced frames (mine is done, but EF21's)
       be_.wait(lane::compute, event(k, phase::gathered));
@@ -363,9 +366,9 @@ class engine {
       links.input_ready(k);
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
                                  fb.shifted(pc.begin), header());
-      be_.signal(lane::compute, event(k, phase::reduced));
+      be_.signal(lane::compute, event(k, phase::contributed));
     }
-    gather(K, phase::reduced, Codec::bits, cc);
+    gather(K, phase::contributed, Codec::bits, cc);
     check_gathered(K, cc);
     for (int k = 0; k < K && !cc.failed(); ++k) {  // 3: sum the P frames of piece k
       be_.wait(lane::compute, event(k, phase::gathered));
@@ -396,10 +399,10 @@ class engine {
     if (count == 0) return whole_call(links, [] {});
     call_check& cc = begin_call<Codec>(count, who, stream);
     if (P_ == 1) return whole_call(links, [&] { copy_call(in, out, count, stream); });
-    if constexpr (impl::has_plain) {
+    if constexpr (impl::has_fallback) {
       if (below_crossover(count)) {
         return whole_call(links, [&] {
-          be_.plain_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
+          be_.fallback_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
           ++step_;
         });
       }
@@ -443,9 +446,9 @@ class engine {
     if (count == 0) return;
     call_check& cc = begin_call<Codec>(count, who, stream);
     if (P_ == 1) return copy_call(in, out, count, stream);
-    if constexpr (impl::has_plain) {
+    if constexpr (impl::has_fallback) {
       if (below_crossover(count)) {
-        be_.plain_all_gather(in, out, count, Codec::block_size, stream);
+        be_.fallback_all_gather(in, out, count, Codec::block_size, stream);
         ++step_;
         return;
       }
@@ -463,9 +466,9 @@ class engine {
       } else {
         stamp(slot, false, {});
       }
-      be_.signal(lane::compute, event(k, phase::reduced));
+      be_.signal(lane::compute, event(k, phase::contributed));
     }
-    gather(K, phase::reduced, Codec::bits, cc);
+    gather(K, phase::contributed, Codec::bits, cc);
     check_gathered(K, cc);
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::compute, event(k, phase::gathered));

@@ -17,15 +17,15 @@
 namespace lowbit::detail {
 
 template <class T>
-class plain_stage<backend::mpi, T> {
+class full_precision_stage<backend::mpi, T> {
   using impl = backend_impl<backend::mpi>;
   static constexpr std::size_t H = impl::header_bytes;
 
  public:
   /// Sizes every buffer for counts up to max_count (collective over `intra`: the
   /// backend duplicates it).
-  plain_stage(const comm::mpi_comm& intra, std::size_t max_count, std::size_t block,
-              const collective_options& opts, const char* who)
+  full_precision_stage(const comm::mpi_comm& intra, std::size_t max_count, std::size_t block,
+                       const collective_options& opts, const char* who)
       : be_(intra, 0, 1), opts_(opts), who_(who), G_(intra.size()), me_(intra.rank()) {
     const std::size_t shard = schedule::shard(max_count, block, G_, 0).count;  // the largest
     const size_math m(who, max_count);
@@ -91,7 +91,7 @@ class plain_stage<backend::mpi, T> {
   /// The whole shard in one call.
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       impl::stream_type stream) {
-    reduce_scatter(in, out, count, block, op, whole_shards{count, block, G_}, stream);
+    reduce_scatter(in, out, count, block, op, schedule::whole_shards{count, block, G_}, stream);
   }
 
   /// out gets every rank's pieces that `ranges` names (ranges as reduce_scatter's), `in`
@@ -120,7 +120,7 @@ class plain_stage<backend::mpi, T> {
   }
   /// The whole tensor in one call.
   void all_gather(const T* in, T* out, std::size_t count, std::size_t block, impl::stream_type s) {
-    all_gather(in, out, count, block, whole_shards{count, block, G_}, s);
+    all_gather(in, out, count, block, schedule::whole_shards{count, block, G_}, s);
   }
 
  private:
@@ -128,7 +128,7 @@ class plain_stage<backend::mpi, T> {
   call_check begin(std::size_t count, const char* what) {
     frame_header h;
     h.magic = frame_magic;
-    h.config = config_id<T, plain_stage>(fnv1a(what));
+    h.config = config_id<T, full_precision_stage>(fnv1a(what));
     h.count = count;
     h.seq = seq_++;
     h.bits = 32;

@@ -19,63 +19,40 @@
 namespace lowbit::detail {
 
 template <class T>
-class plain_stage<backend::nccl, T> {
+class full_precision_stage<backend::nccl, T> {
   using impl = backend_impl<backend::nccl>;
 
  public:
   /// Needs no workspace: NCCL moves the values in place.
-  plain_stage(const comm::nccl_comm& intra, std::size_t, std::size_t, const collective_options&,
-              const char*)
-      : be_(intra, 0, 1), comm_(&intra) {}
+  full_precision_stage(const comm::nccl_comm& intra, std::size_t, std::size_t,
+                       const collective_options&, const char*)
+      : be_(intra, 0, 1) {}
 
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       cudaStream_t stream) {
-    be_.plain_reduce_scatter(in, out, count, block, op, stream);
+    be_.fallback_reduce_scatter(in, out, count, block, op, stream);
   }
   void all_gather(const T* in, T* out, std::size_t count, std::size_t block, cudaStream_t stream) {
-    be_.plain_all_gather(in, out, count, block, stream);
+    be_.fallback_all_gather(in, out, count, block, stream);
   }
 
-  /// One chunk of stage 1: for every owner p and range r of ranges(p, f) (indices from the
-  /// start of p's rail shard), an ncclReduce to p, grouped; `out` is indexed from this
-  /// rank's shard's start. Every rank issues the same calls in the same order. A non-root
-  /// rank's receive buffer is not written, but NCCL may check it: it gets `out` itself, as
-  /// p's offsets can lie past the end of this rank's (smaller) shard.
+  /// One chunk of stage 1: the ranges(p, f) of every owner p, reduced to p
+  /// (nccl_backend::owner_reduces); `out` is indexed from this rank's shard's start.
   template <class Ranges>
   void reduce_scatter(const T* in, T* out, std::size_t count, std::size_t block, reduce_op op,
                       const Ranges& ranges, cudaStream_t s) {
-    const int me = comm_->rank();
-    LOWBIT_NCCL_TRY(ncclGroupStart());
-    for (int p = 0; p < comm_->size(); ++p) {
-      const T* shard = in + schedule::shard(count, block, comm_->size(), p).begin;
-      ranges(p, [&](schedule::range r) {
-        LOWBIT_NCCL_TRY(ncclReduce(shard + r.begin, p == me ? out + r.begin : out, r.count,
-                                   comm::nccl_data_type<T>(), impl::nccl_op(op), p, comm_->get(),
-                                   s));
-      });
-    }
-    LOWBIT_NCCL_TRY(ncclGroupEnd());
+    be_.owner_reduces(in, out, count, block, op, ranges, s);
   }
   /// One chunk of stage 3: every owner broadcasts its ranges (`in` is this rank's shard,
-  /// indexed from its start) into place in `out`, grouped.
+  /// indexed from its start) into place in `out` (nccl_backend::owner_broadcasts).
   template <class Ranges>
   void all_gather(const T* in, T* out, std::size_t count, std::size_t block, const Ranges& ranges,
                   cudaStream_t s) {
-    const int me = comm_->rank();
-    LOWBIT_NCCL_TRY(ncclGroupStart());
-    for (int p = 0; p < comm_->size(); ++p) {
-      T* shard = out + schedule::shard(count, block, comm_->size(), p).begin;
-      ranges(p, [&](schedule::range r) {
-        LOWBIT_NCCL_TRY(ncclBroadcast(p == me ? in + r.begin : shard + r.begin, shard + r.begin,
-                                      r.count, comm::nccl_data_type<T>(), p, comm_->get(), s));
-      });
-    }
-    LOWBIT_NCCL_TRY(ncclGroupEnd());
+    be_.owner_broadcasts(in, out, count, block, ranges, s);
   }
 
  private:
   impl be_;
-  const comm::nccl_comm* comm_;
 };
 
 /// A hierarchical call's two NCCL communicators. Its work on the caller's stream runs on
@@ -108,29 +85,17 @@ struct both_comms<backend::nccl> {
                                  " NCCL communicator is empty or was aborted; both are "
                                  "aborted now");
     }
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t s = cudaStreamQuery(stream);
-      if (s == cudaSuccess) return;
-      if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
-      for (int i = 0; i < 2; ++i) {
-        const ncclResult_t e = comms[i]->async_error();
-        if (e == ncclSuccess || e == ncclInProgress) continue;
-        poison(intra, inter, {});
-        throw nccl_error(
-            __FILE__, __LINE__, static_cast<int>(e),
-            who + ": asynchronous NCCL error on the " + names[i] +
-                " communicator (both communicators aborted): " + ncclGetErrorString(e));
-      }
-      if (cc.timeout.count() > 0 && std::chrono::steady_clock::now() - start > cc.timeout) {
-        poison(intra, inter, {});
-        throw timeout_error(__FILE__, __LINE__,
-                            cc.timeout_message("the work on the stream, over the node-local "
-                                               "and the cross-node communicators (both "
-                                               "aborted)"));
-      }
-      std::this_thread::yield();
-    }
+    const comm::stream_wait w = comm::wait_stream(stream, comms, 2, cc.timeout);
+    if (w.how == comm::stream_wait::idle) return;
+    poison(intra, inter, {});
+    if (w.how == comm::stream_wait::nccl_failed)
+      throw nccl_error(
+          __FILE__, __LINE__, static_cast<int>(w.error),
+          who + ": asynchronous NCCL error on the " + names[w.which] +
+              " communicator (both communicators aborted): " + ncclGetErrorString(w.error));
+    throw timeout_error(__FILE__, __LINE__,
+                        cc.timeout_message("the work on the stream, over the node-local and the "
+                                           "cross-node communicators (both aborted)"));
   }
 };
 

@@ -1,7 +1,7 @@
 // The node-local stage of the hierarchical collectives (collective/hierarchical.hpp):
 // reduce-scatter and all-gather over `intra`, at full precision or at a codec, and the
 // per-call agreement over both communicators. The full-precision stage is the backend's
-// (plain_stage, specialised in hierarchical_mpi.hpp and hierarchical_nccl.cuh).
+// (full_precision_stage, specialised in hierarchical_mpi.hpp and hierarchical_nccl.cuh).
 #pragma once
 
 #include <cstddef>
@@ -11,8 +11,8 @@
 #include <type_traits>
 
 #include "lowbit/collective/all_gather.hpp"
+#include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/engine.hpp"
-#include "lowbit/collective/detail/frame_header.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/core/error.hpp"
@@ -33,7 +33,7 @@ namespace detail {
 /// The full-precision node-local stage of a backend; the specialisations live with the
 /// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh).
 template <class Backend, class T>
-class plain_stage {
+class full_precision_stage {
   static_assert(dependent_false<Backend>,
                 "lowbit: no full-precision hierarchical stage for this backend: include "
                 "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
@@ -68,17 +68,6 @@ template <class Backend, class Comm, class Stream>
 void sync_both(const Comm& intra, const Comm& inter, Stream stream, const call_check& cc) {
   both_comms<Backend>::sync(intra, inter, stream, cc);
 }
-
-/// The ranges of a one-chunk call: every rank's whole rail shard.
-struct whole_shards {
-  std::size_t count, block;
-  int ranks;
-  template <class F>
-  void operator()(int p, F&& f) const {
-    const schedule::range s = schedule::shard(count, block, ranks, p);
-    if (s.count > 0) f(schedule::range{0, s.count});
-  }
-};
 
 /// Runs a call of a flat collective with the backend's entry point: async where calls are
 /// stream-ordered (the hierarchical call synchronises once, at its end), else a completed
@@ -121,11 +110,11 @@ class side_channel {
 template <class Backend, class T, class IntraCodec, class InterCodec, class Schedule>
 class intra_stage {
   using impl = backend_impl<Backend>;
-  static constexpr bool plain = std::is_same_v<IntraCodec, full_precision>;
+  static constexpr bool full = std::is_same_v<IntraCodec, full_precision>;
   /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
   /// precision, so that a rail shard is whole stage-2 blocks too.
   static constexpr std::size_t block = [] {
-    if constexpr (plain)
+    if constexpr (full)
       return std::size_t(InterCodec::block_size);
     else
       return std::size_t(IntraCodec::block_size);
@@ -134,7 +123,7 @@ class intra_stage {
     ::lowbit::reduce_scatter<T, IntraCodec, feedback::none, Schedule, Backend> rs;
     ::lowbit::all_gather<T, IntraCodec, Schedule, Backend> ag;
   };
-  using stages = std::conditional_t<plain, plain_stage<Backend, T>, coded>;
+  using stages = std::conditional_t<full, full_precision_stage<Backend, T>, coded>;
 
  public:
   using comm_type = typename impl::comm_type;
@@ -173,7 +162,7 @@ class intra_stage {
   }
   /// Whether stage 1 and 3 can run chunk by chunk (the full-precision stage: a coded stage
   /// is a flat collective over the whole tensor, whose shards are contiguous).
-  static constexpr bool chunked = plain;
+  static constexpr bool chunked = full;
 
   /// Stage 2's options: the caller's, with a seed of this rail's own and without checked
   /// mode: agree() checks every stage's call before the first is enqueued, where stage 2's
@@ -187,7 +176,7 @@ class intra_stage {
   }
 
   void set_step(std::uint32_t s) noexcept {
-    if constexpr (!plain) {
+    if constexpr (!full) {
       stages_.rs.set_step(s);
       stages_.ag.set_step(s);
     }
@@ -260,14 +249,14 @@ class intra_stage {
 
   /// Stage 1: out[0, shard(count).count) = this node's sum (times 1/G for avg) of shard l.
   void reduce_scatter(const T* in, T* out, std::size_t count, stream_type stream) {
-    if constexpr (plain)
+    if constexpr (full)
       stages_.reduce_scatter(in, out, count, block, opts_.op, stream);
     else
       issue_call<Backend>(stages_.rs, in, out, count, stream);
   }
   /// Stage 3: every rank's shard of `in` into out[0, count).
   void all_gather(const T* in, T* out, std::size_t count, stream_type stream) {
-    if constexpr (plain)
+    if constexpr (full)
       stages_.all_gather(in, out, count, block, stream);
     else
       issue_call<Backend>(stages_.ag, in, out, count, stream);
@@ -277,14 +266,14 @@ class intra_stage {
   template <class Ranges>
   void reduce_scatter(const T* in, T* out, std::size_t count, const Ranges& ranges,
                       stream_type stream) {
-    static_assert(plain, "lowbit: a coded node-local stage runs whole");
+    static_assert(full, "lowbit: a coded node-local stage runs whole");
     stages_.reduce_scatter(in, out, count, block, opts_.op, ranges, stream);
   }
   /// One chunk of stage 3 (full precision only): those pieces into place in out[0, count).
   template <class Ranges>
   void all_gather(const T* in, T* out, std::size_t count, const Ranges& ranges,
                   stream_type stream) {
-    static_assert(plain, "lowbit: a coded node-local stage runs whole");
+    static_assert(full, "lowbit: a coded node-local stage runs whole");
     stages_.all_gather(in, out, count, block, ranges, stream);
   }
 
@@ -307,7 +296,7 @@ class intra_stage {
   }
 
   stages make_stages(const comm_type& intra, std::size_t max_count) {
-    if constexpr (plain) {
+    if constexpr (full) {
       return stages(intra, max_count, block, opts_, who_);
     } else {
       // Stage 1's noise is keyed by the node as well, so nodes do not share it. Stage 3
