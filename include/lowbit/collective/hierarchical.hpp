@@ -22,6 +22,7 @@
 
 #include "lowbit/collective/all_gather.hpp"
 #include "lowbit/collective/all_reduce.hpp"
+#include "lowbit/collective/detail/call_state.hpp"
 #include "lowbit/collective/detail/hierarchical_stage.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/collective/types.hpp"
@@ -62,8 +63,8 @@ class hierarchical_base {
   schedule::range rail_shard(std::size_t count) const { return intra_.shard(count); }
   /// The step the next call's stages use for stochastic rounding (each call adds one,
   /// also on a rank whose rail shard is empty, so that every rank keeps the same step).
-  std::uint32_t step() const noexcept { return step_; }
-  void set_step(std::uint32_t s) noexcept { step_ = s; }
+  std::uint32_t step() const noexcept { return calls_.step(); }
+  void set_step(std::uint32_t s) noexcept { calls_.set_step(s); }
   /// The options this object was built with (each stage runs a copy with a seed of its own,
   /// and without checked mode: the hierarchical agreement covers every stage).
   const collective_options& options() const noexcept { return opts_; }
@@ -77,12 +78,8 @@ class hierarchical_base {
   /// lowbit::nccl_error or lowbit::timeout_error thrown, as the flat collectives' sync()
   /// does with their one.
   void sync(stream_type stream = {}) {
-    frame_header last;
-    last.count = last_count_;
-    last.step = step_ - 1;
-    last.seq = seq_ - 1;
     detail::sync_both<Backend>(intra_.intra_comm(), intra_.inter_comm(), stream,
-                               call_check(who_, last, opts_.timeout, 0));
+                               call_check(who_, calls_.last(), opts_.timeout, 0));
   }
 
  protected:
@@ -95,7 +92,7 @@ class hierarchical_base {
         inter_(inter, intra_.largest_shard(max_count), intra_.rail_options(opts)),
         shard_(intra_.largest_shard(max_count)),
         links_(Schedule::max_chunks),
-        step_(opts.first_step) {}
+        calls_(opts.first_step) {}
 
   /// Stage 2's engine (engine.hpp), which the pipelined path drives with links_.
   auto& rail_engine() noexcept { return engine_access::of(inter_); }
@@ -152,11 +149,7 @@ class hierarchical_base {
   /// before a byte of data moves (always on MPI, in checked mode on NCCL), and sets every
   /// stage's step.
   void begin_call(std::size_t count, stream_type stream) {
-    if (!broken_.empty())
-      throw invalid_argument(__FILE__, __LINE__,
-                             std::string(who_) +
-                                 ": this collective object is unusable after an earlier error (" +
-                                 broken_ + "); build a new one");
+    calls_.require_usable(who_);
     intra_.precheck(who_);
     const std::size_t rail = intra_.shard(count).count;  // stage 2's count
     LOWBIT_EXPECTS(rail <= inter_.max_count(),
@@ -166,14 +159,16 @@ class hierarchical_base {
     if (impl::host_frames || opts_.verify) {
       const std::uint32_t cfg = config_id<T, InterCodec, IntraCodec, Schedule, Inter>(
           fnv1a(who_) ^ (static_cast<std::uint32_t>(opts_.op) << 1));
-      guarded([&] { intra_.agree(cfg, count, step_, seq_, InterCodec::bits, stream); },
-              /*retire_on_disagreement=*/false);
+      guarded(
+          [&] {
+            intra_.agree(cfg, count, calls_.step(), calls_.next_seq(), InterCodec::bits, stream);
+          },
+          /*retire_on_disagreement=*/false);
     }
-    ++seq_;
-    last_count_ = count;
-    inter_.set_step(step_);
-    intra_.set_step(step_);
-    ++step_;
+    calls_.begin(count);
+    inter_.set_step(calls_.step());
+    intra_.set_step(calls_.step());
+    calls_.advance_step();
   }
 
   /// Runs `f` (a call's agreement or its stages): a timeout or a communicator's error
@@ -186,7 +181,7 @@ class hierarchical_base {
     try {
       f();
     } catch (const agreement_error& e) {
-      if (retire_on_disagreement) broken_ = e.what();
+      if (retire_on_disagreement) calls_.retire(e.what());
       throw;
     } catch (const timeout_error& e) {
       intra_.poison(e.what());
@@ -200,14 +195,11 @@ class hierarchical_base {
   std::size_t max_count_;
   const char* who_;
   collective_options opts_;
-  std::uint32_t seq_ = 0;  ///< calls made so far
-  std::size_t last_count_ = 0;
-  std::string broken_;  ///< why this object refuses calls; empty while usable
   intra_type intra_;
   Inter inter_;
   typename impl::template buffer<T> shard_;  ///< this rank's rail shard between the stages
   stage_links<Backend> links_;               ///< how the pipelined stages wait for each other
-  std::uint32_t step_;
+  call_state calls_;                         ///< call numbers, steps, retirement
 };
 
 }  // namespace detail

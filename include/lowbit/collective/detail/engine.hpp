@@ -41,6 +41,9 @@
 #include "lowbit/codec/philox.hpp"
 #include "lowbit/collective/backend.hpp"
 #include "lowbit/collective/detail/agreement.hpp"
+#include "lowbit/collective/detail/call_state.hpp"
+#include "lowbit/collective/detail/frame_plan.hpp"
+#include "lowbit/collective/detail/workspace.hpp"
 #include "lowbit/collective/types.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
@@ -64,65 +67,6 @@ struct no_links {
   void input_ready(int) const {}
   void output_ready(int) const {}
 };
-
-/// Upper bounds, over every count <= max_count, of the workspace a call needs. A slot
-/// holds a header of `header` bytes and a frame of n values, at most nb*(meta + codes) +
-/// 30 bytes (two 16-byte alignments); the pieces of all shards hold each block once; a
-/// rank's shard has at most ceil(nblocks/P) blocks and its pieces at most K more than
-/// that in total.
-struct capacity {
-  std::size_t send = 0, recv = 0, gather = 0, shard = 0;
-};
-
-/// Size arithmetic that refuses to wrap: a max_count whose workspace cannot be represented
-/// in size_t is refused at construction, not discovered as a tiny buffer and a crash.
-class size_math {
- public:
-  size_math(const char* who, std::size_t max_count) : who_(who), max_count_(max_count) {}
-  std::size_t add(std::size_t a, std::size_t b) const {
-    if (a > SIZE_MAX - b) fail();
-    return a + b;
-  }
-  std::size_t mul(std::size_t a, std::size_t b) const {
-    if (b != 0 && a > SIZE_MAX / b) fail();
-    return a * b;
-  }
-
- private:
-  [[noreturn]] void fail() const {
-    throw invalid_argument(__FILE__, __LINE__,
-                           std::string(who_) + ": max_count " + std::to_string(max_count_) +
-                               " is too large: its workspace size cannot be represented");
-  }
-  const char* who_;
-  std::size_t max_count_;
-};
-
-/// What an engine serves: all_reduce (whose algorithm sizes the workspace) or
-/// reduce_scatter / all_gather (two_phase's halves, whatever options().algorithm says).
-enum class collective_kind { all_reduce, scatter_gather };
-
-template <class Codec>
-capacity capacity_of(std::size_t max_count, int ranks, int chunks, bool one_shot,
-                     std::size_t header, const size_math& m) {
-  capacity c;
-  const std::size_t P = static_cast<std::size_t>(ranks), K = static_cast<std::size_t>(chunks);
-  const std::size_t B = static_cast<std::size_t>(Codec::block_size);
-  const std::size_t nblocks = m.add(max_count, B - 1) / B;
-  const std::size_t block_bytes = sizeof(typename Codec::meta_type) + Codec::block_code_bytes;
-  const std::size_t slack = header + 32;  // per slot: the header and two alignments
-  if (one_shot) {  // only P slots of every piece of the whole tensor; sums of whole pieces
-    c.gather = m.mul(P, m.add(m.mul(nblocks, block_bytes), m.mul(slack, K)));
-    c.shard = max_count;
-  } else {
-    const std::size_t shard_blocks = (nblocks + P - 1) / P;
-    c.send = m.add(m.mul(nblocks, block_bytes), m.mul(m.mul(slack, K), P));
-    c.recv = m.mul(P, m.add(m.mul(m.add(shard_blocks, K), block_bytes), m.mul(slack, K)));
-    c.gather = c.recv;
-    c.shard = std::min(max_count, m.mul(shard_blocks, B));
-  }
-  return c;
-}
 
 /// Plans, workspace and feedback state of one collective object, and the three
 /// schedules. `Codecs` lists every codec a call may use (one for a fixed width, the
@@ -151,7 +95,7 @@ class engine {
         who_(who),
         max_count_(max_count),
         opts_(opts),
-        step_(opts.first_step),
+        calls_(opts.first_step),
         P_(comm.size()),
         rank_(comm.rank()),
         one_shot_(kind == collective_kind::all_reduce &&
@@ -179,16 +123,7 @@ class engine {
     // Only two_phase's all_reduce re-encodes, so only it keeps a second-stage residual.
     const bool reencodes = kind == collective_kind::all_reduce && !one_shot_;
     state_ = feedback::state<Feedback, buffer>(max_count, reencodes ? shard : 0);
-    const std::size_t slots = static_cast<std::size_t>(Schedule::max_chunks) * P_;
-    send_bytes_.assign(slots, 0);
-    send_off_.assign(slots, 0);
-    recv_off_.assign(slots, 0);
-    recv_bytes_.assign(slots, 0);
-    peer_recv_off_.assign(slots, 0);
-    gather_off_.assign(Schedule::max_chunks, 0);
-    gather_slot_.assign(Schedule::max_chunks, 0);
-    recv_base_.assign(Schedule::max_chunks, 0);
-    recv_stride_.assign(Schedule::max_chunks, 0);
+    plan_ = frame_plan<Schedule>(Schedule::max_chunks, P_, rank_, H);
     // Sized once: backends index it by rank even in calls that check no frame.
     cc_ = call_check("", frame_header{}, opts.timeout, P_);
   }
@@ -209,8 +144,8 @@ class engine {
   int rank() const noexcept { return rank_; }
   /// How the backend moves frames (automatic resolved; automatic on the MPI backend).
   frame_transport transport() const noexcept { return be_.transport(); }
-  std::uint32_t step() const noexcept { return step_; }
-  void set_step(std::uint32_t s) noexcept { step_ = s; }
+  std::uint32_t step() const noexcept { return calls_.step(); }
+  void set_step(std::uint32_t s) noexcept { calls_.set_step(s); }
   const collective_options& options() const noexcept { return opts_; }
   /// Calls on fewer input bytes run NCCL's own collective (see
   /// collective_options::crossover_bytes).
@@ -263,16 +198,7 @@ class engine {
   /// (NCCL; the MPI backend's calls finish before they return): lowbit::timeout_error,
   /// with the communicator aborted, on expiry.
   void sync(stream_type stream, const char* who) {
-    frame_header last;
-    last.count = last_count_;
-    last.step = step_ - 1;
-    last.seq = seq_ - 1;
-    try {
-      be_.sync(stream, call_check(who, last, opts_.timeout, P_));
-    } catch (const error& e) {  // a timeout or a dead communicator: retire this object
-      if (broken_.empty()) broken_ = e.what();
-      throw;
-    }
+    calls_.guard([&] { be_.sync(stream, call_check(who, calls_.last(), opts_.timeout, P_)); });
     raise_recorded_disagreement(who);
   }
 
@@ -288,7 +214,7 @@ class engine {
       if (below_crossover(count)) {
         return whole_call(links, [&] {
           be_.fallback_all_reduce(in, out, count, opts_.op, stream);
-          ++step_;
+          calls_.advance_step();
         });
       }
     }
@@ -297,8 +223,8 @@ class engine {
       return;
     }
     const int K = plan<Codec>(count);
-    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
-    const rng_key key1{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 1};
+    const rng_key key0{opts_.seed, calls_.step(), static_cast<std::uint32_t>(rank_), 0};
+    const rng_key key1{opts_.seed, calls_.step(), static_cast<std::uint32_t>(rank_), 1};
     const float scale = output_scale();
     const schedule::range mine = my_shard<Codec>(count);
     const std::size_t B = Codec::block_size;
@@ -310,14 +236,14 @@ class engine {
     for (int k = 0; k < K; ++k) {  // 3: reduce my piece, re-encode it into my gather slot
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
-      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      std::byte* slot = gather_.data() + plan_.gather_off[k] + rank_ * plan_.gather_slot[k];
       if (pc.count > 0 && !cc.failed()) {
         // EF21 decodes into its replicated state in phase 5 instead.
         T* decoded = Feedback::replicated || own_piece_late ? nullptr : out + pc.begin;
-        be_.template reduce_encode<Codec>(lane::compute, recv_.data() + recv_base_[k] + H,
-                                          recv_stride_[k], P_, pc.count, slot + H, key1, pc.begin,
-                                          state_.stage2_ref().shifted(pc.begin - mine.begin),
-                                          acc_.data(), decoded, scale, received(k), header());
+        be_.template reduce_encode<Codec>(
+            lane::compute, recv_.data() + plan_.recv_base[k] + H, plan_.recv_stride[k], P_,
+            pc.count, slot + H, key1, pc.begin, state_.stage2_ref().shifted(pc.begin - mine.begin),
+            acc_.data(), decoded, scale, received(k), header());
       } else {  // no values (or a disagreement seen on the host): the header alone
         stamp(slot, cc.failed(), received(k));
       }
@@ -331,7 +257,8 @@ class engine {
         if (p == rank_ && !Feedback::replicated && !own_piece_late) continue;
         const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
-        const std::byte* frame = gather_.data() + gather_off_[k] + p * gather_slot_[k] + H;
+        const std::byte* frame =
+            gather_.data() + plan_.gather_off[k] + p * plan_.gather_slot[k] + H;
         if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
           be_.template decode<Codec>(lane::compute, frame, pc.count, tmp_.data() + pc.begin, scale,
                                      gathered(k));
@@ -345,7 +272,7 @@ class engine {
       links.output_ready(k);
     }
     be_.end();
-    ++step_;
+    calls_.advance_step();
     end_call(cc);
   }
 
@@ -355,14 +282,14 @@ class engine {
                            call_check& cc, const Links& links) {
     const std::size_t B = Codec::block_size;
     const int K = plan_one_shot<Codec>(count);
-    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const rng_key key0{opts_.seed, calls_.step(), static_cast<std::uint32_t>(rank_), 0};
     const float scale = output_scale();
     const schedule::range all{0, count};
     const auto fb = state_.worker_ref();
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {  // 1: encode my piece k into my slot
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
-      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      std::byte* slot = gather_.data() + plan_.gather_off[k] + rank_ * plan_.gather_slot[k];
       links.input_ready(k);
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
                                  fb.shifted(pc.begin), header());
@@ -373,20 +300,20 @@ class engine {
     for (int k = 0; k < K && !cc.failed(); ++k) {  // 3: sum the P frames of piece k
       be_.wait(lane::compute, event(k, phase::gathered));
       const schedule::range pc = schedule::piece<Schedule>(all, B, K, k);
-      const std::byte* frames = gather_.data() + gather_off_[k] + H;
+      const std::byte* frames = gather_.data() + plan_.gather_off[k] + H;
       if constexpr (Feedback::replicated) {  // EF21: g += reduced; output g
-        be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
+        be_.template reduce<Codec>(lane::compute, frames, plan_.gather_slot[k], P_, pc.count,
                                    tmp_.data() + pc.begin, scale, acc_.data(), gathered(k));
         be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
                               state_.replicated() + pc.begin, out + pc.begin, gathered(k));
       } else {
-        be_.template reduce<Codec>(lane::compute, frames, gather_slot_[k], P_, pc.count,
+        be_.template reduce<Codec>(lane::compute, frames, plan_.gather_slot[k], P_, pc.count,
                                    out + pc.begin, scale, acc_.data(), gathered(k));
       }
       links.output_ready(k);
     }
     be_.end();
-    ++step_;
+    calls_.advance_step();
     end_call(cc);
   }
 
@@ -403,12 +330,12 @@ class engine {
       if (below_crossover(count)) {
         return whole_call(links, [&] {
           be_.fallback_reduce_scatter(in, out, count, Codec::block_size, opts_.op, stream);
-          ++step_;
+          calls_.advance_step();
         });
       }
     }
     const int K = plan<Codec>(count);
-    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const rng_key key0{opts_.seed, calls_.step(), static_cast<std::uint32_t>(rank_), 0};
     const float scale = output_scale();
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
@@ -419,22 +346,22 @@ class engine {
       be_.wait(lane::compute, event(k, phase::exchanged));
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
       if (pc.count > 0 && !cc.failed()) {
-        const std::byte* frames = recv_.data() + recv_base_[k] + H;
+        const std::byte* frames = recv_.data() + plan_.recv_base[k] + H;
         T* dst = out + (pc.begin - mine.begin);
         if constexpr (Feedback::replicated) {  // EF21 over my shard: g += reduced; output g
-          be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count,
+          be_.template reduce<Codec>(lane::compute, frames, plan_.recv_stride[k], P_, pc.count,
                                      tmp_.data() + pc.begin, scale, acc_.data(), received(k));
           be_.accumulate_output(lane::compute, tmp_.data() + pc.begin, pc.count,
                                 state_.replicated() + pc.begin, dst, received(k));
         } else {
-          be_.template reduce<Codec>(lane::compute, frames, recv_stride_[k], P_, pc.count, dst,
+          be_.template reduce<Codec>(lane::compute, frames, plan_.recv_stride[k], P_, pc.count, dst,
                                      scale, acc_.data(), received(k));
         }
       }
       links.output_ready(k);
     }
     be_.end();
-    ++step_;
+    calls_.advance_step();
     end_call(cc);
   }
 
@@ -449,17 +376,17 @@ class engine {
     if constexpr (impl::has_fallback) {
       if (below_crossover(count)) {
         be_.fallback_all_gather(in, out, count, Codec::block_size, stream);
-        ++step_;
+        calls_.advance_step();
         return;
       }
     }
     const int K = plan<Codec>(count);
-    const rng_key key0{opts_.seed, step_, static_cast<std::uint32_t>(rank_), 0};
+    const rng_key key0{opts_.seed, calls_.step(), static_cast<std::uint32_t>(rank_), 0};
     const std::size_t B = Codec::block_size;
     be_.begin(stream, K > 1);
     for (int k = 0; k < K; ++k) {
       const schedule::range pc = schedule::piece<Schedule>(mine, B, K, k);
-      std::byte* slot = gather_.data() + gather_off_[k] + rank_ * gather_slot_[k];
+      std::byte* slot = gather_.data() + plan_.gather_off[k] + rank_ * plan_.gather_slot[k];
       if (pc.count > 0) {
         be_.template encode<Codec>(lane::compute, in + (pc.begin - mine.begin), pc.count, slot + H,
                                    key0, pc.begin, state_.worker_ref().shifted(pc.begin), header());
@@ -475,13 +402,13 @@ class engine {
       for (int p = 0; p < P_ && !cc.failed(); ++p) {
         const schedule::range pc = shard_piece(count, B, p, K, k);
         if (pc.count == 0) continue;
-        be_.template decode<Codec>(lane::compute,
-                                   gather_.data() + gather_off_[k] + p * gather_slot_[k] + H,
-                                   pc.count, out + pc.begin, 1.0f, gathered(k));
+        be_.template decode<Codec>(
+            lane::compute, gather_.data() + plan_.gather_off[k] + p * plan_.gather_slot[k] + H,
+            pc.count, out + pc.begin, 1.0f, gathered(k));
       }
     }
     be_.end();
-    ++step_;
+    calls_.advance_step();
     end_call(cc);
   }
 
@@ -512,22 +439,17 @@ class engine {
     if (out_count > 0 && out == nullptr)
       throw invalid_argument(__FILE__, __LINE__, std::string(who) + ": the output pointer is null");
     raise_recorded_disagreement(who);
-    if (!broken_.empty())
-      throw invalid_argument(__FILE__, __LINE__,
-                             std::string(who) +
-                                 ": this collective object is unusable after an "
-                                 "earlier error (" +
-                                 broken_ + "); build a new one");
+    calls_.require_usable(who);
     be_.check_alive(who);
   }
 
   /// A disagreement that the backend's kernels recorded in an earlier call (whose output
   /// they left untouched): raised once, then this object is retired.
   void raise_recorded_disagreement(const char* who) {
-    if (!broken_.empty()) return;
+    if (calls_.retired()) return;
     std::string d = be_.disagreement();
     if (d.empty()) return;
-    broken_ = d;
+    calls_.retire(d);
     throw agreement_error(__FILE__, __LINE__,
                           std::string(who) + ": the ranks disagreed " + d +
                               "; nothing was written to that call's output, and this "
@@ -539,8 +461,7 @@ class engine {
   /// advances here, whichever path the call then takes.
   template <class Codec>
   call_check& begin_call(std::size_t count, const char* who, stream_type stream) {
-    const std::uint32_t seq = seq_++;
-    last_count_ = count;
+    const std::uint32_t seq = calls_.begin(count);
     cc_.error.clear();
     std::fill(cc_.bad.begin(), cc_.bad.end(), 0);
     frame_header h;
@@ -548,7 +469,7 @@ class engine {
     h.config = config_id<T, Codec, Feedback, Schedule>(
         fnv1a(who) ^ (static_cast<std::uint32_t>(opts_.op) << 1) ^ (one_shot_ ? 1u : 0u));
     h.count = count;
-    h.step = step_;
+    h.step = calls_.step();
     h.seq = seq;
     h.bits = static_cast<std::uint16_t>(Codec::bits);
     h.rank = static_cast<std::uint32_t>(rank_);
@@ -586,14 +507,14 @@ class engine {
   /// codec, no feedback update); in place it is nothing at all.
   void copy_call(const T* in, T* out, std::size_t count, stream_type stream) {
     be_.copy(in, out, count, stream);
-    ++step_;
+    calls_.advance_step();
   }
 
   /// Ends a call: raises the first disagreement its frames showed (nothing was written to
   /// the output), and retires this object, whose private channel may hold stray frames.
   void end_call(const call_check& cc) {
     if (!cc.failed()) return;
-    broken_ = cc.error;
+    calls_.retire(cc.error);
     throw agreement_error(__FILE__, __LINE__,
                           std::string(cc.who) + ": the ranks disagree: " + cc.error +
                               "; nothing was written to the output");
@@ -614,10 +535,10 @@ class engine {
   /// The headers of chunk k's frames received for my piece (phase 2's), and of its
   /// gathered frames (phase 4's): what the steps that consume them check.
   header_set received(int k) const {
-    return {recv_.data() + recv_base_[k], recv_stride_[k], P_, cc_.want};
+    return {recv_.data() + plan_.recv_base[k], plan_.recv_stride[k], P_, cc_.want};
   }
   header_set gathered(int k) const {
-    return {gather_.data() + gather_off_[k], gather_slot_[k], P_, cc_.want};
+    return {gather_.data() + plan_.gather_off[k], plan_.gather_slot[k], P_, cc_.want};
   }
 
   /// After phase 2: the headers of the frames received for my pieces (host frames only).
@@ -626,8 +547,8 @@ class engine {
       for (int k = 0; k < K; ++k)
         for (int p = 0; p < P_; ++p) {
           const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-          if (p != rank_ && recv_bytes_[i] > 0 && !cc.bad[static_cast<std::size_t>(p)])
-            cc.check_frame(recv_.data() + recv_off_[i], p);
+          if (p != rank_ && plan_.recv_bytes[i] > 0 && !cc.bad[static_cast<std::size_t>(p)])
+            cc.check_frame(recv_.data() + plan_.recv_off[i], p);
         }
     }
   }
@@ -637,80 +558,24 @@ class engine {
     if constexpr (impl::host_frames) {
       for (int k = 0; k < K; ++k)
         for (int p = 0; p < P_; ++p)
-          if (p != rank_ && gather_slot_[k] > 0 && !cc.bad[static_cast<std::size_t>(p)])
-            cc.check_frame(gather_.data() + gather_off_[k] + p * gather_slot_[k], p);
+          if (p != rank_ && plan_.gather_slot[k] > 0 && !cc.bad[static_cast<std::size_t>(p)])
+            cc.check_frame(gather_.data() + plan_.gather_off[k] + p * plan_.gather_slot[k], p);
     }
   }
 
   /// Piece k of K of rank p's shard of a `count`-element tensor in blocks of B.
   schedule::range shard_piece(std::size_t count, std::size_t B, int p, int K, int k) const {
-    return schedule::piece<Schedule>(schedule::shard(count, B, P_, p), B, K, k);
+    return plan_.shard_piece(count, B, p, K, k);
   }
 
-  /// Frame sizes and buffer offsets of every chunk and peer for `count` elements.
+  /// The layouts of a call (frame_plan), checked against this object's buffers.
   template <class Codec>
   int plan(std::size_t count) {
-    const std::size_t B = Codec::block_size;
-    const int K = schedule::num_chunks<Schedule>(count, B, P_);
-    std::size_t send = 0, recv = 0, gather = 0;
-    for (int k = 0; k < K; ++k) {
-      const schedule::range mine = shard_piece(count, B, rank_, K, k);
-      const std::size_t stride = H + Codec::frame_bytes(mine.count);
-      std::size_t slot = 0;
-      recv_base_[k] = recv;
-      recv_stride_[k] = stride;
-      for (int p = 0; p < P_; ++p) {
-        const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-        const schedule::range pc = shard_piece(count, B, p, K, k);
-        const std::size_t fb = H + Codec::frame_bytes(pc.count);
-        slot = std::max(slot, fb);
-        send_off_[i] = send;
-        send_bytes_[i] = p == rank_ ? 0 : fb;  // my own piece goes straight to its slot
-        send += send_bytes_[i];
-        recv_off_[i] = recv + p * stride;
-        recv_bytes_[i] = p == rank_ ? 0 : stride;
-      }
-      recv += P_ * stride;
-      gather_off_[k] = gather;
-      gather_slot_[k] = slot;
-      gather += P_ * slot;
-    }
-    // Where my frame for each peer lands in that peer's receive buffer: its layout is its
-    // plan of the same call, chunk by chunk (a backend that writes into its peers' memory
-    // needs it; two-sided ones ignore it).
-    for (int p = 0; p < P_; ++p) {
-      std::size_t base = 0;
-      for (int k = 0; k < K; ++k) {
-        const std::size_t stride = H + Codec::frame_bytes(shard_piece(count, B, p, K, k).count);
-        peer_recv_off_[static_cast<std::size_t>(k) * P_ + p] = base + rank_ * stride;
-        base += P_ * stride;
-      }
-    }
-    if (send > send_.size() || recv > recv_.size() || gather > gather_.size())
-      LOWBIT_FAIL("workspace bound violated (a lowbit bug): send " + std::to_string(send) + "/" +
-                  std::to_string(send_.size()) + " recv " + std::to_string(recv) + "/" +
-                  std::to_string(recv_.size()) + " gather " + std::to_string(gather) + "/" +
-                  std::to_string(gather_.size()));
-    return K;
+    return plan_.template two_phase<Codec>(count, send_.size(), recv_.size(), gather_.size());
   }
-
-  /// The one-shot plan: piece k of the whole tensor has P slots of its frame's size.
   template <class Codec>
   int plan_one_shot(std::size_t count) {
-    const std::size_t B = Codec::block_size;
-    const int K = schedule::num_chunks<Schedule>(count, B, 1);
-    std::size_t gather = 0;
-    for (int k = 0; k < K; ++k) {
-      const std::size_t slot =
-          H + Codec::frame_bytes(schedule::piece<Schedule>({0, count}, B, K, k).count);
-      gather_off_[k] = gather;
-      gather_slot_[k] = slot;
-      gather += P_ * slot;
-    }
-    if (gather > gather_.size())
-      LOWBIT_FAIL("workspace bound violated (a lowbit bug): one-shot gather " +
-                  std::to_string(gather) + "/" + std::to_string(gather_.size()));
-    return K;
+    return plan_.template one_shot<Codec>(count, gather_.size());
   }
 
   /// Phase 1: every shard's piece k, encoded for its owner (stage 0).
@@ -722,7 +587,8 @@ class engine {
     const auto encode_piece = [&](int k, int p) {
       const schedule::range pc = shard_piece(count, B, p, K, k);
       const std::size_t i = static_cast<std::size_t>(k) * P_ + p;
-      std::byte* slot = p == rank_ ? recv_.data() + recv_off_[i] : send_.data() + send_off_[i];
+      std::byte* slot =
+          p == rank_ ? recv_.data() + plan_.recv_off[i] : send_.data() + plan_.send_off[i];
       if (pc.count == 0) return stamp(slot, false, {});  // an empty piece sends its header alone
       be_.template encode<Codec>(lane::compute, in + pc.begin, pc.count, slot + H, key0, pc.begin,
                                  fb.shifted(pc.begin), header());
@@ -741,8 +607,9 @@ class engine {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, phase::encoded));
       const std::size_t i = static_cast<std::size_t>(k) * P_;
-      be_.alltoallv(lane::comm, send_, send_bytes_.data() + i, send_off_.data() + i, recv_,
-                    recv_bytes_.data() + i, recv_off_.data() + i, peer_recv_off_.data() + i, cc);
+      be_.alltoallv(lane::comm, send_, plan_.send_bytes.data() + i, plan_.send_off.data() + i,
+                    recv_, plan_.recv_bytes.data() + i, plan_.recv_off.data() + i,
+                    plan_.peer_recv_off.data() + i, cc);
       be_.signal(lane::comm, event(k, phase::exchanged));
     }
   }
@@ -751,8 +618,8 @@ class engine {
   void gather(int K, phase ready, int bits, call_check& cc) {
     for (int k = 0; k < K; ++k) {
       be_.wait(lane::comm, event(k, ready));
-      if (gather_slot_[k] > 0)
-        be_.allgather(lane::comm, gather_, gather_off_[k], gather_slot_[k], bits, cc);
+      if (plan_.gather_slot[k] > 0)
+        be_.allgather(lane::comm, gather_, plan_.gather_off[k], plan_.gather_slot[k], bits, cc);
       be_.signal(lane::comm, event(k, phase::gathered));
     }
   }
@@ -761,18 +628,14 @@ class engine {
   const char* who_;
   std::size_t max_count_;
   collective_options opts_;
-  std::uint32_t step_;
+  call_state calls_;  ///< call numbers, steps, retirement
   int P_, rank_;
   bool one_shot_;
-  std::uint32_t seq_ = 0;  ///< calls made so far (frame_header::seq)
-  std::size_t last_count_ = 0;
-  call_check cc_;       ///< the current call's agreement state
-  std::string broken_;  ///< why this object refuses calls; empty while usable
+  call_check cc_;                                        ///< the current call's agreement state
   typename impl::transfer_buffer send_, recv_, gather_;  ///< what the backend moves
   buffer<float> acc_, tmp_;
   feedback::state<Feedback, buffer> state_;
-  std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, peer_recv_off_;
-  std::vector<std::size_t> gather_off_, gather_slot_, recv_base_, recv_stride_;
+  frame_plan<Schedule> plan_;  ///< the current call's frame layout
 };
 
 }  // namespace lowbit::detail
