@@ -34,6 +34,17 @@ struct dvec {
   void to(std::vector<T>& h) const {
     if (n) LOWBIT_CUDA_TRY(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
   }
+  /// Overwrites the first h.size() elements (and waits for the copy to land).
+  void from(const std::vector<T>& h) {
+    LOWBIT_CUDA_TRY(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    LOWBIT_CUDA_TRY(cudaDeviceSynchronize());
+  }
+  /// The first `count` elements.
+  std::vector<T> get(std::size_t count) const {
+    std::vector<T> h(count);
+    LOWBIT_CUDA_TRY(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
 };
 
 /// Runs calls on device copies of host vectors on g_stream, then waits with the

@@ -29,6 +29,7 @@ using harness = device_harness<backend::nccl, comm::nccl_comm, &world, g_stream>
 }  // namespace lowbit::test
 
 #include "device_cases.cuh"
+#include "mpi_test_main.hpp"
 
 namespace lowbit::test {
 
@@ -228,21 +229,15 @@ TEST_CASE("calibrate_crossover agrees on every rank and restores the collective'
 }  // namespace lowbit::test
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  {
-    lowbit::comm::select_local_device(MPI_COMM_WORLD);
-    lowbit::test::g_comm =
-        std::make_unique<lowbit::comm::nccl_comm>(lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
-    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
-    Catch::Session session;
-    rc = session.applyCommandLine(argc, argv);
-    if (rc == 0) rc = session.run();
-    cudaStreamDestroy(lowbit::test::g_stream);
-    lowbit::test::g_comm.reset();
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return lowbit::test::mpi_test_main(
+      argc, argv,
+      [] {
+        lowbit::test::g_comm = std::make_unique<lowbit::comm::nccl_comm>(
+            lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
+        LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
+      },
+      [] {
+        cudaStreamDestroy(lowbit::test::g_stream);
+        lowbit::test::g_comm.reset();
+      });
 }

@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "collective_test_util.hpp"
+#include "device_harness.cuh"
 #include "lowbit/collective/mpi.hpp"
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/comm/mpi_bootstrap.hpp"
+#include "mpi_test_main.hpp"
 
 namespace lowbit::test {
 namespace {
@@ -46,27 +48,6 @@ std::vector<std::pair<int, int>> shapes() {
     if (world_size() % g == 0) s.push_back({world_size() / g, g});
   return s;
 }
-
-template <class T>
-struct dvec {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dvec(std::size_t n_) : n(n_) {
-    if (n) LOWBIT_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
-  }
-  dvec(const dvec&) = delete;
-  ~dvec() {
-    if (p) cudaFree(p);
-  }
-  void from(const std::vector<T>& h) {
-    LOWBIT_CUDA_TRY(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get(std::size_t count) const {
-    std::vector<T> h(count);
-    LOWBIT_CUDA_TRY(cudaMemcpy(h.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stage, std::uint64_t key) {
   return seed ^ ((stage * 0x9e3779b97f4a7c15ull) + (key + 1) * 0xbf58476d1ce4e5b9ull);
@@ -394,21 +375,15 @@ TEST_CASE("split_by_node refuses a non-blocking communicator on every rank, befo
 }  // namespace lowbit::test
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  {
-    lowbit::comm::select_local_device(MPI_COMM_WORLD);
-    lowbit::test::g_world =
-        std::make_unique<lowbit::comm::nccl_comm>(lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
-    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
-    Catch::Session session;
-    rc = session.applyCommandLine(argc, argv);
-    if (rc == 0) rc = session.run();
-    cudaStreamDestroy(lowbit::test::g_stream);
-    lowbit::test::g_world.reset();
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return lowbit::test::mpi_test_main(
+      argc, argv,
+      [] {
+        lowbit::test::g_world = std::make_unique<lowbit::comm::nccl_comm>(
+            lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
+        LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
+      },
+      [] {
+        cudaStreamDestroy(lowbit::test::g_stream);
+        lowbit::test::g_world.reset();
+      });
 }

@@ -15,20 +15,11 @@ lowbit::comm::node_comm fresh_comm() { return lowbit::comm::node_comm_from_mpi(M
 }  // namespace
 
 #include "device_agreement_cases.cuh"
+#include "mpi_test_main.hpp"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  {
-    lowbit::comm::select_local_device(MPI_COMM_WORLD);
-    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    Catch::Session session;
-    rc = session.applyCommandLine(argc, argv);
-    if (rc == 0) rc = session.run();
-    cudaStreamDestroy(g_stream);
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return lowbit::test::mpi_test_main(
+      argc, argv,
+      [] { LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)); },
+      [] { cudaStreamDestroy(g_stream); });
 }

@@ -33,6 +33,7 @@ using harness = device_harness<backend::node, comm::node_comm, &world, g_stream>
 }  // namespace lowbit::test
 
 #include "device_cases.cuh"
+#include "mpi_test_main.hpp"
 
 namespace lowbit::test {
 
@@ -146,21 +147,15 @@ TEST_CASE("node_comm: bad set-ups are refused with their cause") {
 }  // namespace lowbit::test
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  {
-    lowbit::comm::select_local_device(MPI_COMM_WORLD);
-    lowbit::test::g_comm =
-        std::make_unique<lowbit::comm::node_comm>(lowbit::comm::node_comm_from_mpi(MPI_COMM_WORLD));
-    LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
-    Catch::Session session;
-    rc = session.applyCommandLine(argc, argv);
-    if (rc == 0) rc = session.run();
-    cudaStreamDestroy(lowbit::test::g_stream);
-    lowbit::test::g_comm.reset();
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return lowbit::test::mpi_test_main(
+      argc, argv,
+      [] {
+        lowbit::test::g_comm = std::make_unique<lowbit::comm::node_comm>(
+            lowbit::comm::node_comm_from_mpi(MPI_COMM_WORLD));
+        LOWBIT_CUDA_TRY(cudaStreamCreateWithFlags(&lowbit::test::g_stream, cudaStreamNonBlocking));
+      },
+      [] {
+        cudaStreamDestroy(lowbit::test::g_stream);
+        lowbit::test::g_comm.reset();
+      });
 }
