@@ -46,39 +46,27 @@ from typing import Dict
 
 import torch
 
-from .export import DTYPES, _Calls, leaf_modules, precision_context
+from .attribution import OpTracker, map_tensors
+from .export import DTYPES, precision_context
 from .qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
                          plan_precisions, resolve_precisions)
 
 
 def _cast(x, dtype):
-    """Floating tensors in `x` (nested in tuples, lists, dicts) at `dtype`."""
-    if isinstance(x, torch.Tensor):
-        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
-    if isinstance(x, tuple):
-        return tuple(_cast(y, dtype) for y in x)
-    if isinstance(x, list):
-        return [_cast(y, dtype) for y in x]
-    if isinstance(x, dict):
-        return {k: _cast(v, dtype) for k, v in x.items()}
-    return x
+    """Floating tensors in `x` (nested in tuples, lists, dicts, dataclasses) at `dtype`."""
+    return map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype
+                       else t)
 
 
 def _cast_keeping(x, dtype, pairs):
     """`x` with its floating tensors cast to `dtype`; appends (cast, original) to
     `pairs` for every tensor the cast changed."""
-    if isinstance(x, torch.Tensor):
-        y = _cast(x, dtype)
-        if y is not x:
-            pairs.append((y, x))
+    def one(t):
+        y = _cast(t, dtype)
+        if y is not t:
+            pairs.append((y, t))
         return y
-    if isinstance(x, tuple):
-        return tuple(_cast_keeping(y, dtype, pairs) for y in x)
-    if isinstance(x, list):
-        return [_cast_keeping(y, dtype, pairs) for y in x]
-    if isinstance(x, dict):
-        return {k: _cast_keeping(v, dtype, pairs) for k, v in x.items()}
-    return x
+    return map_tensors(x, one)
 
 
 class applied_plan:
@@ -96,6 +84,7 @@ class applied_plan:
         self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)
         self.wrapped.update({n: p for n, p in self.resolved.items() if p != self.ambient})
         self.consumers = consumer_counts(model_json)
+        self.model_json_ops = model_json["ops"]
         self.inputs = {o["name"]: list(dict.fromkeys(o.get("inputs", [])))
                        for o in model_json["ops"]}
         modules = dict(model.named_modules())
@@ -126,17 +115,21 @@ class applied_plan:
         self.kept: Dict[int, tuple] = {}
         self.kept_by_op: Dict[str, list] = {}
         self.pending: Dict[str, int] = {}
-        self.calls, self.handles = None, []
+        self.open: Dict[str, object] = {}
+        self.tracker = None
         # Hooks only on the modules of wrapped ops (every op at another precision than
         # the ambient and every consumer of one is wrapped): a module hook costs host
-        # time on every call, which no profile holds; a uniform plan installs none.
+        # time on every call, which no profile holds; a uniform plan installs none. A
+        # wrapped function op (attribution) needs every leaf hooked and a torch function
+        # mode, so that its calls are told from the leaves' and counted as recorded.
         hooked = {module_of(op) for op in self.wrapped}
+        functions = any(o.get("call") == "function" and module_of(o["name"]) in hooked
+                        for o in self.model_json_ops)
         if hooked:
-            self.calls = _Calls(self.model)
-            self.handles.append(self.model.register_forward_pre_hook(lambda m, a: self._reset()))
-        for name, m in leaf_modules(self.model):
-            if name in hooked:
-                self._wrap(name, m)
+            self.tracker = OpTracker(self.model, self._enter, self._exit,
+                                     leaves=None if functions else hooked,
+                                     functions=functions, on_iteration=self._reset)
+            self.tracker.__enter__()
         return self
 
     def _reset(self):
@@ -147,17 +140,11 @@ class applied_plan:
 
     def _originals(self, x):
         """`x` with every tensor that is an op's cast to the ambient replaced by the op's
-        own output (recursively through tuples, lists, dicts)."""
-        if isinstance(x, torch.Tensor):
-            k = self.kept.get(id(x))
-            return k[1] if k is not None and k[0] is x else x
-        if isinstance(x, tuple):
-            return tuple(self._originals(y) for y in x)
-        if isinstance(x, list):
-            return [self._originals(y) for y in x]
-        if isinstance(x, dict):
-            return {k: self._originals(v) for k, v in x.items()}
-        return x
+        own output (recursively through containers)."""
+        def one(t):
+            k = self.kept.get(id(t))
+            return k[1] if k is not None and k[0] is t else t
+        return map_tensors(x, one)
 
     def _started(self, op):
         """`op` has taken its inputs: a producer whose consumers all have lets its own
@@ -181,49 +168,41 @@ class applied_plan:
             ids.append(id(cast))
         self.pending[op] = n
 
-    def _wrap(self, name, m):
-        stack = []
-        ambient = DTYPES[self.ambient]
+    def _enter(self, op, module, args, kwargs, own, func):
+        foreign = self.resolved.get(op, self.ambient) != self.ambient
+        if foreign:  # an op at its own precision takes its producers' own outputs
+            args, kwargs = self._originals(args), self._originals(kwargs)
+        self._started(op)
+        p = self.wrapped.get(op)
+        if p is None:
+            return (args, kwargs) if foreign else None
+        if p == "fp32":
+            ctx = torch.autocast(self.device_type, enabled=False)
+        else:
+            ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
+        ctx.__enter__()
+        self.open[op] = ctx
+        # Inputs at the op's precision, as in the uniform profile: autocast would cast
+        # a conv's or linear's anyway, but a norm (not on autocast's lists) follows
+        # its input and would stay at fp32 after an fp32 op otherwise.
+        return _cast(args, DTYPES[p]), _cast(kwargs, DTYPES[p])
 
-        def pre(mod, args, kwargs):
-            op = self.calls.next(mod, name)
-            foreign = self.resolved.get(op, self.ambient) != self.ambient
-            if foreign:  # an op at its own precision takes its producers' own outputs
-                args, kwargs = self._originals(args), self._originals(kwargs)
-            self._started(op)
-            p = self.wrapped.get(op)
-            if p is None:
-                stack.append((op, None))
-                return (args, kwargs) if foreign else None
-            if p == "fp32":
-                ctx = torch.autocast(self.device_type, enabled=False)
-            else:
-                ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
-            ctx.__enter__()
-            stack.append((op, ctx))
-            # Inputs at the op's precision, as in the uniform profile: autocast would cast
-            # a conv's or linear's anyway, but a norm (not on autocast's lists) follows
-            # its input and would stay at fp32 after an fp32 op otherwise.
-            return _cast(args, DTYPES[p]), _cast(kwargs, DTYPES[p])
-
-        def post(mod, args, kwargs, out):
-            op, ctx = stack.pop() if stack else (None, None)
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-            if op is None or self.resolved.get(op, self.ambient) == self.ambient:
-                return None
-            pairs = []
-            cast = _cast_keeping(out, ambient, pairs)
-            self._keep(op, pairs)
-            return cast
-
-        self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-        self.handles.append(m.register_forward_hook(post, with_kwargs=True))
+    def _exit(self, op, args, kwargs, out):
+        ctx = self.open.pop(op, None)
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+        if self.resolved.get(op, self.ambient) == self.ambient:
+            return None
+        pairs = []
+        cast = _cast_keeping(out, DTYPES[self.ambient], pairs)
+        self._keep(op, pairs)
+        return cast
 
     def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        if self.calls is not None:
-            self.calls.remove()
+        if self.tracker is not None:
+            self.tracker.__exit__(*exc)
+        for ctx in self.open.values():
+            ctx.__exit__(None, None, None)
+        self.open.clear()
         self._reset()
         return False

@@ -1,37 +1,39 @@
 """Torch half of the QSync exporter: records an nn.Module's ops and profiles it.
 
-- ``record_ops``: one training step with forward hooks and saved-tensor hooks, giving
-  per leaf-module call its parameters, output size, producers (through the autograd
-  graph, so functional glue between modules is seen through), saved-for-backward bytes
-  and the indicator's statistics; run once per precision for the saved bytes.
-- ``instrument``: ranges ``N`` / ``N.backward`` around every leaf-module call, the
-  naming lowbit-plan's trace loader reads; ``profile`` runs a step function under the
-  stock ``torch.profiler`` and writes the Chrome trace. A second, un-instrumented
-  profile of the same loop gives lowbit-plan the true host time per iteration.
+- ``record_ops``: one training step with op hooks (attribution.OpTracker), saved-tensor
+  hooks and an aten counter, giving per op call its parameters (each counted at one
+  op), kind, FLOPs, output size, producers (through the autograd graph, so functional
+  glue between the ops is seen through), saved-for-backward bytes and the indicator's
+  statistics, and the aten operators of the code between the ops by name
+  (``Records.unattributed``); run once per precision for the saved bytes.
+- ``instrument``: ranges ``N`` / ``N.backward`` around every op call, the naming
+  lowbit-plan's trace loader reads; ``profile`` runs a step function under the stock
+  ``torch.profiler`` and writes the Chrome trace. A second, un-instrumented profile of
+  the same loop gives lowbit-plan the true host time per iteration.
 
-Leaf modules are the ops; the parameter-free code between them (residual adds,
-attention's matmuls inside a module without children, the loss when it is a function)
-is timed as the profile's tail. Nothing here imports lowbit_torch or its extension.
+The ops are the leaf-module calls and the torch functions called with a parameter
+outside them (attribution); the parameter-free code between them (residual adds,
+attention's core inside a module with children, the loss) is timed as the profile's
+tail. Any nn.Module runs as it is: outputs modified in place, functional forwards,
+custom linear-like leaves, shared and tied modules, modules called several times,
+buffers updated in forward (restored after a recording), dict or dataclass outputs.
+Nothing here imports lowbit_torch or its extension.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import warnings
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .qsync_model import call_name, kind_of
+from .attribution import (AtenCounter, OpTracker, Span, aten_kind, backward_nodes, grad_fns,
+                          tensors)
+from .qsync_model import kind_of
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def leaf_modules(model: torch.nn.Module):
-    """(qualified name, module) of every module without children: the ops."""
-    return [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
 
 
 def precision_context(precision: str, device_type: str = "cuda"):
@@ -42,65 +44,8 @@ def precision_context(precision: str, device_type: str = "cuda"):
     return contextlib.nullcontext()
 
 
-class _Calls:
-    """Per-iteration call counter of each module, so a module called twice gives two
-    op names (call_name) in both the recording and the profiling run."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.count: Dict[int, int] = {}
-        self.handle = model.register_forward_pre_hook(lambda m, a: self.count.clear())
-
-    def next(self, module: torch.nn.Module, name: str) -> str:
-        k = self.count.get(id(module), 0)
-        self.count[id(module)] = k + 1
-        return call_name(name, k)
-
-    def remove(self):
-        self.handle.remove()
-
-
-@contextlib.contextmanager
-def _leaf_hooks(model: torch.nn.Module, pre, post):
-    """Forward pre-hook ``pre(name)`` and hook ``post(name)`` on every leaf module, and a
-    per-iteration call counter (_Calls), for the duration of the block; yields the
-    counter."""
-    calls = _Calls(model)
-    handles = []
-    for name, m in leaf_modules(model):
-        handles.append(m.register_forward_pre_hook(pre(name)))
-        handles.append(m.register_forward_hook(post(name)))
-    try:
-        yield calls
-    finally:
-        for h in handles:
-            h.remove()
-        calls.remove()
-
-
-def _tensors(x) -> List[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _tensors(y)]
-    if isinstance(x, dict):
-        return [t for y in x.values() for t in _tensors(y)]
-    if hasattr(x, "to_tuple"):  # transformers' ModelOutput
-        return _tensors(x.to_tuple())
-    return []
-
-
 def _numel(ts) -> int:
     return sum(t.numel() for t in ts)
-
-
-def _flops(module: torch.nn.Module, inputs, outputs) -> float:
-    out = _numel(outputs)
-    if isinstance(module, torch.nn.Linear):
-        return 2.0 * out * module.in_features
-    if isinstance(module, torch.nn.modules.conv._ConvNd):
-        k = math.prod(module.kernel_size)
-        return 2.0 * out * (module.in_channels // module.groups) * k
-    return float(out)
 
 
 def _is_weight_copy(t: torch.Tensor, params: set) -> bool:
@@ -127,25 +72,89 @@ def _is_input_cast(t: torch.Tensor, params: set, dtype) -> bool:
     return var is None or var.untyped_storage().data_ptr() not in params
 
 
+class Records(dict):
+    """record_ops's records, op name -> record, and ``unattributed``: the aten operators
+    that ran outside every op (code between the ops: residual adds, attention's core in a
+    module with children, the loss), by name, with their count, FLOPs, output size and
+    the ops they ran after. lowbit-plan prices them as the profile's tail."""
+
+    unattributed: List[dict]
+
+
+def _snapshot_buffers(model: torch.nn.Module):
+    """Copies of the model's buffers (batch norm's running statistics and step count,
+    which a recorded step updates): the recording leaves the model as it found it."""
+    with torch.no_grad():
+        return [(b, b.detach().clone()) for b in model.buffers()]
+
+
+def _restore_buffers(snapshot) -> None:
+    with torch.no_grad():
+        for b, copy in snapshot:
+            b.copy_(copy)
+
+
+def _op_kind(record: dict, aten: Dict[str, int]) -> str:
+    """The op's kind: the class name's, unless its aten operators say otherwise (a
+    convolution or GEMM under another name: transformers' Conv1D is a transposed
+    linear) or the class name says nothing (a function op)."""
+    by_class = kind_of(record["module_class"])
+    by_aten = aten_kind(aten, record["uses_params"])
+    if by_aten in ("conv", "linear", "matmul") and by_class in ("conv", "linear", "other"):
+        return by_aten
+    return by_class if by_class != "other" else (by_aten or "other")
+
+
+def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[int, str]) -> None:
+    """Each parameter counts once, at one op: the first that runs a convolution or GEMM
+    with it (a tied embedding and LM head: the head, whose precision moves the GEMM and
+    whose autocast copy of the weight is real), else the first that takes it (a module
+    called twice counts its weights on its first call). Sets each record's
+    ``param_numel`` and ``param_names`` (the parameters' qualified names)."""
+    owner: Dict[int, str] = {}
+    for op in sorted(uses, key=lambda n: records[n]["order"]):
+        for p in uses[op]:
+            k = id(p)
+            if k not in owner or (records[op]["kind"] in ("conv", "linear") and
+                                  records[owner[k]]["kind"] not in ("conv", "linear")):
+                owner[k] = op
+    numel: Dict[str, float] = {}
+    objs = {id(p): p for ps in uses.values() for p in ps}
+    for k, op in owner.items():
+        numel[op] = numel.get(op, 0.0) + float(objs[k].numel())
+    for op, r in records.items():
+        r["param_numel"] = numel.get(op, 0.0)
+        r["params"] = [objs[k] for k, o in owner.items() if o == op]
+        r["param_names"] = [names.get(id(p), "?") for p in r["params"]]
+
+
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
-               with_stats: bool = False, device_type: str = "cuda") -> Dict[str, dict]:
+               with_stats: bool = False, device_type: str = "cuda") -> Records:
     """Runs ``step`` (forward and loss, returning the loss) once under ``precision``,
-    calls backward, and returns one record per op (see qsync_model.model_json). Saved
-    bytes count each storage once, skip parameters and autocast's copies of the
-    module's own weights (lowbit-plan adds those itself), and charge tensors saved by
-    code between modules to the op that ran last (also as its ``code_saved_bytes``);
-    ``input_cast_bytes`` is the part of an op's saved bytes at 16 bits that are its own
-    casts of activations to that width (autocast's, one per consumer of an fp32
-    output). ``with_stats`` adds the indicator's
-    statistics (norms and absmax of weights, inputs and gradients)."""
+    calls backward, and returns one record per op (see qsync_model.model_json, and
+    attribution for what an op is). Saved bytes count each storage once, skip
+    parameters, buffers and autocast's copies of the op's own weights (lowbit-plan adds
+    those itself), and charge tensors saved by code between the ops to the op that ran
+    last (also as its ``code_saved_bytes``); ``input_cast_bytes`` is the part of an op's
+    saved bytes at 16 bits that are its own casts of activations to that width
+    (autocast's, one per consumer of an fp32 output). FLOPs and the op's kind come from
+    the aten operators it ran (torch.utils.flop_counter's formulas, also as
+    ``counted_flops``; an op without a GEMM, convolution or attention counts its
+    output's size; ``aten``: its operators and their counts); each parameter counts at
+    one op (``_assign_params``). ``with_stats`` adds the indicator's statistics (norms
+    and absmax of weights, inputs and gradients). The model's buffers are restored
+    after the step."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    records: Dict[str, dict] = {}
+    state = {b.untyped_storage().data_ptr() for b in model.buffers()} | params
+    records = Records()
+    uses: Dict[str, list] = {}
     producer: Dict[object, str] = {}  # grad_fn -> op name (kept alive by the dict)
     current: List[Optional[str]] = [None]
     last: List[Optional[str]] = [None]
     seen_storage = set()
     order = [0]
     grad_hooks = []
+    counter = AtenCounter(lambda: current[0], lambda: last[0])
 
     def producers_of(inputs):
         """The ops whose outputs reach ``inputs`` (walking back through the autograd
@@ -165,58 +174,60 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             stack.extend(f for f, _ in fn.next_functions)
         return found, [n for n in dict.fromkeys(found) if n not in direct]
 
-    def pre(name):
-        def hook(m, args):
-            op = calls.next(m, name)
-            ins = [t for t in _tensors(args)]
-            own = [p for p in m.parameters(recurse=False)]
-            first_call = op == call_name(name, 0)
-            inputs, via_code = producers_of(ins)
-            records[op] = {
-                "module_class": type(m).__name__, "kind": kind_of(type(m).__name__),
-                "param_numel": float(sum(p.numel() for p in own)) if first_call else 0.0,
-                "inputs": inputs, "via_code": via_code, "order": order[0],
-                "saved_bytes": {precision: 0.0}, "input_cast_bytes": {precision: 0.0},
-                "code_saved_bytes": {precision: 0.0},
-                "input_numel": float(_numel(ins)),
-            }
-            order[0] += 1
-            if with_stats:
-                fl = [t.detach() for t in ins if t.is_floating_point()]
-                w = [p.detach() for p in own if p.is_floating_point()]
-                s = records[op].setdefault("stats", {})
-                with torch.no_grad():  # nothing here may be recorded, or saved
-                    if fl:
-                        s["input_norm"] = float(torch.linalg.vector_norm(fl[0].float()))
-                        s["input_absmax"] = float(fl[0].abs().max())
-                        s["input_numel"] = float(fl[0].numel())
-                    if w:
-                        s["weight_norm"] = float(torch.linalg.vector_norm(w[0]))
-                        s["weight_absmax"] = float(w[0].abs().max())
-            current[0] = op
-        return hook
+    def enter(op, module, args, kwargs, own, func):
+        counter.paused = True
+        ins = tensors((args, kwargs))
+        ins_fl = [t for t in ins if not isinstance(t, torch.nn.Parameter)]
+        inputs, via_code = producers_of(ins_fl)
+        records[op] = {
+            "module_class": type(module).__name__,
+            "call": "module" if func is None else "function",
+            "inputs": inputs, "via_code": via_code, "order": order[0],
+            "uses_params": bool(own),
+            "saved_bytes": {precision: 0.0}, "input_cast_bytes": {precision: 0.0},
+            "code_saved_bytes": {precision: 0.0},
+            "input_numel": float(_numel(ins_fl)),
+        }
+        if func is not None:
+            records[op]["function"] = getattr(func, "__name__", str(func))
+        uses[op] = list(own)
+        order[0] += 1
+        if with_stats:
+            fl = [t.detach() for t in ins_fl if t.is_floating_point()]
+            w = [p.detach() for p in own if p.is_floating_point()]
+            s = records[op].setdefault("stats", {})
+            with torch.no_grad():  # nothing here may be recorded, or saved
+                if fl:
+                    s["input_norm"] = float(torch.linalg.vector_norm(fl[0].float()))
+                    s["input_absmax"] = float(fl[0].abs().max())
+                    s["input_numel"] = float(fl[0].numel())
+                if w:
+                    s["weight_norm"] = float(torch.linalg.vector_norm(w[0].float()))
+                    s["weight_absmax"] = float(w[0].abs().max())
+        current[0] = op
+        counter.paused = False
+        return None
 
-    def post(name):
-        def hook(m, args, out):
-            op = current[0]
-            outs = _tensors(out)
-            r = records[op]
-            r["output_numel"] = float(_numel(outs))
-            r["flops"] = _flops(m, _tensors(args), outs)
-            r["bytes"] = 4.0 * (r["input_numel"] + r["output_numel"] + r["param_numel"])
-            for t in outs:
-                if t.grad_fn is not None:
-                    producer[t.grad_fn] = op
-            if with_stats and outs and outs[0].requires_grad:
-                def on_grad(g, op=op):
-                    s = records[op].setdefault("stats", {})
-                    with torch.no_grad():
-                        s["grad_output_absmax"] = float(g.detach().abs().max())
-                    s["grad_output_numel"] = float(g.numel())
-                grad_hooks.append(outs[0].register_hook(on_grad))
-            last[0] = op
-            current[0] = None
-        return hook
+    def exit(op, args, kwargs, out):
+        counter.paused = True
+        outs = tensors(out)
+        r = records[op]
+        r["output_numel"] = float(_numel(outs))
+        for t in outs:
+            if t.grad_fn is not None:
+                producer[t.grad_fn] = op
+        grads = [t for t in outs if t.requires_grad and t.is_floating_point()]
+        if with_stats and grads:
+            def on_grad(g, op=op):
+                s = records[op].setdefault("stats", {})
+                with torch.no_grad():
+                    s["grad_output_absmax"] = float(g.detach().abs().max())
+                s["grad_output_numel"] = float(g.numel())
+            grad_hooks.append(grads[0].register_hook(on_grad))
+        last[0] = op
+        current[0] = None
+        counter.paused = False
+        return None
 
     def pack(t):
         op = current[0] or last[0]
@@ -225,37 +236,51 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             size = t.untyped_storage().nbytes()
         except Exception:  # noqa: BLE001 (tensor subclasses without storage)
             return t
-        if op is None or key in params or _is_weight_copy(t, params):
+        if op is None or key in state or _is_weight_copy(t, params):
             return t
         if key not in seen_storage:
             seen_storage.add(key)
             records[op]["saved_bytes"][precision] += float(size)
-            if current[0] is None:  # code between modules, after op
+            if current[0] is None:  # code between the ops, after op
                 records[op]["code_saved_bytes"][precision] += float(size)
             elif precision != "fp32" and _is_input_cast(t, params, DTYPES[precision]):
                 records[op]["input_cast_bytes"][precision] += float(size)
         return t
 
+    buffers = _snapshot_buffers(model)
     try:
         model.zero_grad(set_to_none=True)
-        with _leaf_hooks(model, pre, post) as calls, \
+        with OpTracker(model, enter, exit), \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with precision_context(precision, device_type):
+            with precision_context(precision, device_type), counter:
                 loss = step()
         loss.backward()
-        if with_stats:
-            for name, m in leaf_modules(model):
-                own = [p for p in m.parameters(recurse=False) if p.grad is not None]
-                if own and name and name in records:
-                    with torch.no_grad():
-                        records[name].setdefault("stats", {})["grad_weight_norm"] = float(
-                            torch.linalg.vector_norm(own[0].grad))
+        for op, r in records.items():
+            a = counter.per_op.get(op, {"flops": 0.0, "aten": {}})
+            r["kind"] = _op_kind(r, a["aten"])
+            r["aten"] = dict(a["aten"])
+            r["counted_flops"] = a["flops"]
+            r["flops"] = a["flops"] if a["flops"] > 0 else r["output_numel"]
+        _assign_params(records, uses, {id(p): n for n, p in model.named_parameters()})
+        for op, r in records.items():
+            r["bytes"] = 4.0 * (r["input_numel"] + r["output_numel"] + r["param_numel"])
+            own = [p for p in r.pop("params") if p.grad is not None]
+            if with_stats and own:
+                with torch.no_grad():
+                    r.setdefault("stats", {})["grad_weight_norm"] = float(
+                        torch.linalg.vector_norm(own[0].grad.float()))
         model.zero_grad(set_to_none=True)
     finally:
         for h in grad_hooks:
             h.remove()
+        _restore_buffers(buffers)
     for r in records.values():
-        r.pop("input_numel", None)
+        for k in ("input_numel", "uses_params"):
+            r.pop(k, None)
+    records.unattributed = [
+        {"name": "aten::" + n, "count": u["count"], "flops": u["flops"],
+         "output_numel": u["output_numel"], "after": u["after"]}
+        for n, u in sorted(counter.unattributed.items(), key=lambda kv: -kv[1]["count"])]
     return records
 
 
@@ -266,18 +291,18 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     larger): a convolution's cuDNN workspace, a GEMM's scratch, temporaries. The peak of
     the CUDA caching allocator is reset as each op starts and read as it ends; its
     excess over what is still allocated at the end is the op's scratch. The forward is
-    bracketed by the leaf module's hooks, the backward by hooks on the autograd node
-    that made the module's output (the op's own backward for the single-kernel leaf
-    modules). Empty where the device is not CUDA (the caching allocator's statistics
-    are CUDA's). Run it after a few warm steps, so that one-time allocations (cuDNN's
-    plans, cuBLAS's workspace) are not taken for an op's scratch."""
+    bracketed by the op's start and end (attribution.OpTracker), the backward by hooks
+    on the autograd nodes its forward made (attribution.Span). Empty where the device is
+    not CUDA (the caching allocator's statistics are CUDA's). Run it after a few warm
+    steps, so that one-time allocations (cuDNN's plans, cuBLAS's workspace) are not
+    taken for an op's scratch. The model's buffers are restored after the step."""
     if device_type != "cuda" or not torch.cuda.is_available():
         return {}
     cuda = torch.cuda
     scratch: Dict[str, float] = {}
     start: Dict[str, int] = {}
-    running: Dict[int, str] = {}  # id(module) -> the op its current call is
-    node_hooks = []
+    stops: Dict[str, set] = {}
+    claimed: set = set()
 
     def begin(op):
         cuda.reset_peak_memory_stats()
@@ -287,33 +312,26 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
         extra = cuda.max_memory_allocated() - max(start[op], cuda.memory_allocated())
         scratch[op] = max(scratch.get(op, 0.0), float(max(0, extra)))
 
-    def pre(name):
-        def hook(m, args):
-            op = calls.next(m, name)
-            running[id(m)] = op
-            begin(op)
-        return hook
+    def enter(op, module, args, kwargs, own, func):
+        stops[op] = grad_fns(tensors((args, kwargs)))
+        begin(op)
 
-    def post(name):
-        def hook(m, args, out):
-            op = running.pop(id(m))
-            end(op)
-            fns = {t.grad_fn for t in _tensors(out) if t.grad_fn is not None}
-            for fn in fns:
-                node_hooks.append(fn.register_prehook(lambda g, op=op: begin(op)))
-                node_hooks.append(fn.register_hook(lambda gi, go, op=op: end(op)))
-        return hook
+    def exit(op, args, kwargs, out):
+        end(op)
+        heads, nodes = backward_nodes(tensors(out), stops.pop(op), claimed)
+        Span(heads, nodes, 0, lambda op=op: begin(op), lambda op=op: end(op))
 
+    buffers = _snapshot_buffers(model)
     try:
         model.zero_grad(set_to_none=True)
-        with _leaf_hooks(model, pre, post) as calls, precision_context(precision, device_type):
+        with OpTracker(model, enter, exit, on_iteration=claimed.clear), \
+                precision_context(precision, device_type):
             loss = step()
         loss.backward()
         cuda.synchronize()
         model.zero_grad(set_to_none=True)
     finally:
-        for h in node_hooks:
-            h.remove()
+        _restore_buffers(buffers)
     return scratch
 
 
@@ -334,85 +352,69 @@ def merge_saved_bytes(base: Dict[str, dict], other: Dict[str, dict]) -> None:
 
 
 class instrument:
-    """Context manager: a record_function range around every leaf-module call (``N``)
-    and its backward (``N.backward``, from the module's backward pre-hook until both
-    its full backward hook and the accumulation of all its parameters' gradients have
-    run: a module whose inputs need no gradient, the first conv, still times its weight
-    gradient). In-place modules are switched off inplace while instrumented: a full
-    backward hook cannot wrap an output that is later modified in place; build models
-    with inplace=False so the plain run is the same program."""
+    """Context manager: a record_function range around every op's forward (``N``) and
+    its backward (``N.backward``: from the moment the first autograd node its forward
+    made is about to run until all of them have run and, on the first call of the
+    iteration that takes a parameter, its parameters' gradients have accumulated, so a
+    first conv whose input needs no gradient still times its weight gradient).
+    attribution says what an op is and why the backward is found on the autograd graph
+    rather than with module backward hooks: outputs modified in place afterwards (an
+    in-place ReLU, ``out += identity``) are fine, the model runs as it is."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
     def __enter__(self):
-        # Expected for modules whose inputs need no gradient (the first conv): the full
-        # backward hook fires early, the range waits for the weight gradients instead.
-        self.warnings = warnings.catch_warnings()
-        self.warnings.__enter__()
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        self.handles, self.calls = [], _Calls(self.model)
-        self.inplace = []
-        for name, m in leaf_modules(self.model):
-            if getattr(m, "inplace", False):
-                self.inplace.append(m)
-                m.inplace = False
-            self._hook(name, m)
+        self.claimed: set = set()  # autograd nodes some op of this iteration made
+        self.seen: set = set()  # ids of parameters some op of this iteration took
+        self.waiting: Dict[int, Span] = {}  # id(parameter) -> the span it closes
+        self.fwd: Dict[str, tuple] = {}
+        self.handles = [p.register_post_accumulate_grad_hook(self._accumulated)
+                        for p in self.model.parameters() if p.requires_grad]
+        self.tracker = OpTracker(self.model, self._enter, self._exit,
+                                 on_iteration=self._new_iteration)
+        self.tracker.__enter__()
         return self
 
-    def _hook(self, name, m):
-        fwd_open: List = []
-        fwd_names: List[str] = []  # this iteration's calls, for the backward names
-        bwd_open: List[list] = []  # [range, pending events]
-        own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+    def _new_iteration(self):
+        self.claimed.clear()
+        self.seen.clear()
+        self.waiting.clear()
 
-        def pre(mod, args):
-            op = self.calls.next(mod, name)
-            if op == call_name(name, 0):  # a new iteration: drop what the last one left
-                fwd_names.clear()
-                while bwd_open:
-                    bwd_open.pop()[0].__exit__(None, None, None)
-            fwd_names.append(op)
-            r = torch.profiler.record_function(op)
-            r.__enter__()
-            fwd_open.append(r)
+    def _enter(self, op, module, args, kwargs, own, func):
+        r = torch.profiler.record_function(op)
+        r.__enter__()
+        self.fwd[op] = (r, grad_fns(tensors((args, kwargs))), own)
 
-        def post(mod, args, out):
-            fwd_open.pop().__exit__(None, None, None)
+    def _exit(self, op, args, kwargs, out):
+        r, stop, own = self.fwd.pop(op)
+        r.__exit__(None, None, None)
+        heads, nodes = backward_nodes(tensors(out), stop, self.claimed)
+        first = [p for p in own if p.requires_grad and id(p) not in self.seen]
+        self.seen.update(id(p) for p in own)
+        if not heads:
+            return
+        rng: List = []
 
-        def close_one():
-            if not bwd_open:
-                return
-            entry = bwd_open[-1]
-            entry[1] -= 1
-            if entry[1] <= 0:
-                bwd_open.pop()
-                entry[0].__exit__(None, None, None)
+        def open_range(op=op):
+            rng.append(torch.profiler.record_function(op + ".backward"))
+            rng[0].__enter__()
 
-        def bpre(mod, grad_output):
-            op = fwd_names.pop() if fwd_names else call_name(name, 0)
-            r = torch.profiler.record_function(op + ".backward")
-            r.__enter__()
-            # Gradients of weights used by several calls accumulate once, after the
-            # backward of the first call (the last to run): only that range waits.
-            bwd_open.append([r, 1 + (len(own) if op == call_name(name, 0) else 0)])
+        span = Span(heads, nodes, len(first), open_range,
+                    lambda: rng[0].__exit__(None, None, None))
+        for p in first:
+            self.waiting[id(p)] = span
 
-        def bpost(mod, grad_input, grad_output):
-            close_one()
-
-        self.handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post),
-                         m.register_full_backward_pre_hook(bpre),
-                         m.register_full_backward_hook(bpost)]
-        for p in own:
-            self.handles.append(p.register_post_accumulate_grad_hook(lambda p: close_one()))
+    def _accumulated(self, p):
+        span = self.waiting.pop(id(p), None)
+        if span is not None:
+            span.done()
 
     def __exit__(self, *exc):
+        self.tracker.__exit__(*exc)
         for h in self.handles:
             h.remove()
-        self.calls.remove()
-        for m in self.inplace:
-            m.inplace = True
-        self.warnings.__exit__(None, None, None)
+        self._new_iteration()
         return False
 
 

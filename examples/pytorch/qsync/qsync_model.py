@@ -118,7 +118,13 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     program), the ops that ran in it must come in the same order, else the records and
     the trace describe different programs (ValueError); ops without a range are kept
     (their parameters still cost memory and optimizer time) and listed under
-    "untimed" (lowbit-plan times them by roofline and ignores the key). Inputs naming
+    "untimed" (lowbit-plan times them by roofline and ignores the key). An op that is a
+    torch function rather than a leaf module's call carries ``"call": "function"`` and
+    the function's name (the plan applier finds it so; lowbit-plan ignores both). The
+    records' ``unattributed`` list (export.Records: the aten operators of the code
+    between the ops, by name, with count and FLOPs) goes under "unattributed", each
+    marked ``"priced_as": "tail"``: lowbit-plan ignores the key and prices that code as
+    the profile's tail. Inputs naming
     unknown or later ops are dropped; ``saved_numel`` is the fp32 saved size in
     elements (4 bytes each)."""
     order = sorted(records, key=lambda n: records[n].get("order", 0))
@@ -149,6 +155,10 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
             "param_numel": float(r.get("param_numel", 0)),
             "inputs": [i for i in dict.fromkeys(r.get("inputs", [])) if i in known and i != n],
         }
+        if r.get("call") == "function":  # a torch function taking a parameter
+            o["call"] = "function"
+            if r.get("function"):
+                o["function"] = r["function"]
         if saved:
             o["saved_bytes"] = saved
         for key in MEASURED_PARTS:
@@ -171,6 +181,9 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
            "casts": "ambient", "ops": ops}
     if untimed:
         out["untimed"] = untimed
+    unattributed = getattr(records, "unattributed", None)
+    if unattributed:
+        out["unattributed"] = [dict(u, priced_as="tail") for u in unattributed]
     return out
 
 

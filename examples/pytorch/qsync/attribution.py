@@ -1,0 +1,353 @@
+"""Which calls of a training step are ops, for any nn.Module: shared by export (record,
+instrument, workspace) and apply_plan.
+
+An op is
+
+- a call of a leaf module (one without children), named as ``call_name`` names it
+  (``name``, ``name#2`` for its second call in an iteration), or
+- a torch function called inside the model's forward but outside every other op, with
+  a parameter among its arguments: a
+  module's own parameter used by the module's code rather than by a leaf (ConvNeXt's
+  layer scale, ViT's class token and position embedding, ``nn.MultiheadAttention``'s
+  fused in-projection through ``F.multi_head_attention_forward``, timm's ``BatchNormAct2d``
+  calling ``F.batch_norm``), or a leaf's weight used without calling the leaf
+  (torchvision's Swin passes ``qkv.weight`` to ``F.linear``). It is named after the
+  module that holds the parameter and counted with that module's calls. Its kind of
+  call is ``"function"`` (a leaf's is ``"module"``): the model JSON says which.
+
+Everything else (residual adds, attention's core in a module with children, the loss)
+is code between the ops; ``AtenCounter`` names its aten operators and counts their FLOPs,
+so that nothing is dropped silently: lowbit-plan prices it as the profile's tail.
+
+An op's backward is found on the autograd graph (``Span``), not with module backward
+hooks: a full backward hook wraps the module's outputs in views, and an output modified
+in place afterwards (``out += identity`` in torchvision's ResNet, an in-place ReLU) is an
+error then. The nodes an op's forward created are walked back from its outputs'
+``grad_fn`` to the ``grad_fn`` its inputs had when it started; hooks on those nodes see
+the op's backward start and end whatever is later done to the outputs in place.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .qsync_model import call_name
+
+# Torch functions that read a tensor's metadata or identity, never an op.
+_NOT_OPS = {"__get__", "__set__", "size", "dim", "numel", "stride", "data_ptr", "is_contiguous",
+            "__len__", "__repr__", "__format__", "element_size", "nelement", "type",
+            "is_floating_point", "is_complex", "__hash__", "__bool__", "item", "tolist",
+            "get_device", "untyped_storage", "storage_offset", "register_hook",
+            "__reduce_ex__", "__deepcopy__", "requires_grad_", "detach", "__iter__",
+            "__contains__", "__array__", "__dlpack__", "is_set_to", "_is_view", "has_names",
+            "__setstate__", "__getstate__", "_typed_storage", "dtype", "device", "shape"}
+
+MAX_NODES = 4096  # an op's backward nodes walked at most
+
+
+def leaf_modules(model: torch.nn.Module):
+    """(qualified name, module) of every module without children."""
+    return [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
+
+
+def tensors(x) -> List[torch.Tensor]:
+    """The tensors in `x`: nested tuples, lists, dicts, dataclasses, ModelOutputs."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in tensors(y)]
+    if isinstance(x, dict):
+        return [t for y in x.values() for t in tensors(y)]
+    if hasattr(x, "__dataclass_fields__"):
+        return [t for k in x.__dataclass_fields__ for t in tensors(getattr(x, k, None))]
+    return []
+
+
+def map_tensors(x, fn):
+    """`x` with every tensor t replaced by fn(t), keeping the containers' types (tuples,
+    named tuples, lists, dicts and their subclasses such as ModelOutput, dataclasses)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, tuple):
+        items = [map_tensors(y, fn) for y in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    if isinstance(x, list):
+        return [map_tensors(y, fn) for y in x]
+    if isinstance(x, dict):
+        new = {k: map_tensors(v, fn) for k, v in x.items()}
+        if type(x) is dict:
+            return new
+        try:
+            return type(x)(**new)
+        except Exception:  # noqa: BLE001 (a mapping that cannot be rebuilt so)
+            return new
+    if hasattr(x, "__dataclass_fields__") and not isinstance(x, type):
+        import dataclasses
+
+        return dataclasses.replace(x, **{k: map_tensors(getattr(x, k), fn)
+                                         for k, f in x.__dataclass_fields__.items() if f.init})
+    return x
+
+
+def param_owners(model: torch.nn.Module) -> Dict[int, Tuple[str, torch.nn.Module]]:
+    """id(parameter) -> (qualified name, module) of the first module holding it (a tied
+    weight, e.g. GPT-2's lm_head.weight, belongs to the module listed first)."""
+    out: Dict[int, Tuple[str, torch.nn.Module]] = {}
+    for name, m in model.named_modules():
+        for p in m.parameters(recurse=False):
+            out.setdefault(id(p), (name, m))
+    return out
+
+
+class OpTracker:
+    """Context manager calling ``enter(op, module, args, kwargs, params, func)`` as every
+    op starts and ``exit(op, args, kwargs, out)`` as it ends (``module``: the leaf, or for
+    a function op the module holding its first parameter; ``params``: the parameters it
+    takes; ``func``: None for a leaf's call, else the function). ``enter`` may return
+    ``(args, kwargs)`` and ``exit`` an output to replace the call's. ``leaves``: the leaf
+    modules' names to hook (all when None); ``functions``: whether function ops are
+    seen (a TorchFunctionMode while the tracker is active: every torch call pays a
+    Python check). Calls are counted per module and iteration (the root's forward
+    starts one), so every user names an op the same way."""
+
+    def __init__(self, model: torch.nn.Module, enter: Callable, exit: Callable,
+                 leaves: Optional[set] = None, functions: bool = True,
+                 on_iteration: Optional[Callable[[], None]] = None):
+        self.model, self.enter, self.exit = model, enter, exit
+        self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
+        self.count: Dict[int, int] = {}
+        self.active: Optional[str] = None
+        self.owners = param_owners(model) if functions else {}
+
+    def next_name(self, module: torch.nn.Module, name: str) -> str:
+        k = self.count.get(id(module), 0)
+        self.count[id(module)] = k + 1
+        return call_name(name, k)
+
+    def _new_iteration(self, *_):
+        self.in_forward += 1
+        if self.in_forward > 1:  # the root called from within itself
+            return
+        self.count.clear()
+        self.active = None
+        if self.on_iteration is not None:
+            self.on_iteration()
+
+    def _forward_done(self, *_):
+        self.in_forward = max(0, self.in_forward - 1)
+
+    def __enter__(self):
+        # Function ops are looked for only inside the root's forward: not in the loss
+        # code after it, nor in the optimizer's step (foreach updates take every
+        # parameter).
+        self.in_forward = 0
+        self.handles = [self.model.register_forward_pre_hook(self._new_iteration),
+                        self.model.register_forward_hook(self._forward_done,
+                                                         always_call=True)]
+        for name, m in leaf_modules(self.model):
+            if self.leaves is None or name in self.leaves:
+                self._hook(name, m)
+        self.mode = _FunctionOps(self) if self.functions else None
+        if self.mode is not None:
+            self.mode.__enter__()
+        return self
+
+    def _hook(self, name, m):
+        stack: List[Optional[str]] = []
+        own = list(m.parameters(recurse=False))
+
+        def pre(mod, args, kwargs):
+            if self.active is not None:  # a leaf called inside another op: part of it
+                stack.append(None)
+                return None
+            op = self.next_name(mod, name)
+            self.active = op
+            stack.append(op)
+            return self.enter(op, mod, args, kwargs, own, None)
+
+        def post(mod, args, kwargs, out):
+            op = stack.pop() if stack else None
+            if op is None:
+                return None
+            self.active = None
+            return self.exit(op, args, kwargs, out)
+
+        self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(m.register_forward_hook(post, with_kwargs=True))
+
+    def run_function(self, func, args, kwargs, owner, params):
+        name, module = owner
+        op = self.next_name(module, name)
+        self.active = op
+        try:
+            new = self.enter(op, module, args, kwargs, params, func)
+            if new is not None:
+                args, kwargs = new
+            out = func(*args, **kwargs)
+        finally:
+            self.active = None
+        new = self.exit(op, args, kwargs, out)
+        return out if new is None else new
+
+    def __exit__(self, *exc):
+        if self.mode is not None:
+            self.mode.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+        self.active = None
+        return False
+
+
+class _FunctionOps(TorchFunctionMode):
+    """Turns a torch function called outside every op with a parameter among its
+    arguments into an op (OpTracker.run_function)."""
+
+    def __init__(self, tracker: OpTracker):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = self.tracker
+        if t.active is None and t.in_forward and getattr(func, "__name__", "") not in _NOT_OPS:
+            params, owner = [], None
+            for x in tree_leaves((args, kwargs)):
+                if isinstance(x, torch.nn.Parameter) and id(x) in t.owners:
+                    params.append(x)
+                    owner = owner or t.owners[id(x)]
+            if owner is not None:
+                return t.run_function(func, args, kwargs, owner, params)
+        return func(*args, **kwargs)
+
+
+def grad_fns(ts) -> set:
+    return {t.grad_fn for t in ts if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+
+
+def backward_nodes(outs, stop: set, claimed: set):
+    """(heads, nodes): the ``grad_fn`` of an op's outputs and every autograd node its
+    forward created, walking back from the heads and stopping at ``stop`` (the grad_fn
+    its inputs had as it started), at nodes an earlier op claimed and at the
+    parameters' gradient accumulators."""
+    heads = list(dict.fromkeys(t.grad_fn for t in outs if t.grad_fn is not None))
+    nodes, stack, seen = [], list(heads), set()
+    while stack and len(nodes) < MAX_NODES:
+        fn = stack.pop()
+        if fn is None or fn in seen or fn in stop or fn in claimed or hasattr(fn, "variable"):
+            continue
+        seen.add(fn)
+        nodes.append(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    claimed.update(nodes)
+    return [h for h in heads if h in seen], nodes
+
+
+class Span:
+    """An op's backward on the autograd graph: ``on_open`` as the first of its head
+    nodes is about to run, ``on_close`` once all its nodes have run and ``extra``
+    more events (``done()``: its parameters' gradients accumulated) have happened, or at
+    the end of the backward pass at the latest (nodes of an unused output never run)."""
+
+    def __init__(self, heads, nodes, extra: int, on_open: Callable, on_close: Callable):
+        self.left, self.on_open, self.on_close = len(nodes) + extra, on_open, on_close
+        self.opened = self.closed = False
+        for h in heads:
+            h.register_prehook(self._pre)
+        for n in nodes:
+            n.register_hook(self._post)
+
+    def _pre(self, grad_outputs):
+        if not self.opened:
+            self.opened = True
+            self.on_open()
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+
+    def _post(self, grad_inputs, grad_outputs):
+        self.done()
+
+    def done(self):
+        self.left -= 1
+        if self.left <= 0:
+            self.finish()
+
+    def finish(self):
+        if self.opened and not self.closed:
+            self.closed = True
+            self.on_close()
+
+
+# Aten operators -> op kind, for ops whose class name says nothing (a function op, a
+# custom leaf: transformers' Conv1D is a transposed linear, not a convolution).
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "linear"}
+_CONVS = {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",
+          "_slow_conv2d_forward", "mkldnn_convolution"}
+_NORMS = {"native_batch_norm": "batch_norm", "_native_batch_norm_legit": "batch_norm",
+          "_batch_norm_with_update": "batch_norm", "cudnn_batch_norm": "batch_norm",
+          "native_layer_norm": "layer_norm", "native_group_norm": "layer_norm",
+          "_fused_rms_norm": "layer_norm", "rms_norm": "layer_norm",
+          "embedding": "embedding", "_softmax": "softmax", "gelu": "gelu"}
+
+
+def aten_kind(names, has_params: bool) -> Optional[str]:
+    """The op kind the aten operators of an op's forward say (None: nothing telling)."""
+    if any(n in _CONVS for n in names):
+        return "conv"
+    if any(n in _GEMMS for n in names):
+        return "linear" if has_params else "matmul"
+    for n in names:
+        if n in _NORMS:
+            return _NORMS[n]
+    return None
+
+
+class AtenCounter(TorchDispatchMode):
+    """Counts the aten operators of a forward: per op (``per_op[op]``: {"flops",
+    "aten": {name: count}}), by ``current()``, and those outside every op
+    (``unattributed``: name -> {"count", "flops", "output_numel", "after": [ops]}).
+    FLOPs are torch.utils.flop_counter's formulas (GEMMs, convolutions, attention),
+    0 for the rest."""
+
+    def __init__(self, current: Callable[[], Optional[str]], last: Callable[[], Optional[str]]):
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.registry = flop_registry
+        self.current, self.last = current, last
+        self.per_op: Dict[str, dict] = {}
+        self.unattributed: Dict[str, dict] = {}
+        self.paused = False  # the recorder's own calls (statistics) are not the model's
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        packet = func._overloadpacket
+        name = packet.__name__
+        flops = 0.0
+        f = self.registry.get(packet)
+        if f is not None:
+            try:
+                flops = float(f(*args, **kwargs, out_val=out))
+            except Exception:  # noqa: BLE001 (a formula that does not fit the call)
+                flops = 0.0
+        op = self.current()
+        if op is not None:
+            r = self.per_op.setdefault(op, {"flops": 0.0, "aten": {}})
+            r["flops"] += flops
+            r["aten"][name] = r["aten"].get(name, 0) + 1
+        elif name not in ("detach", "alias", "lift_fresh"):
+            u = self.unattributed.setdefault(name, {"count": 0, "flops": 0.0,
+                                                    "output_numel": 0.0, "after": []})
+            u["count"] += 1
+            u["flops"] += flops
+            u["output_numel"] += float(sum(t.numel() for t in tensors(out)))
+            prev = self.last()
+            if prev is not None and prev not in u["after"] and len(u["after"]) < 8:
+                u["after"].append(prev)
+        return out

@@ -1,0 +1,274 @@
+"""CPU tests: qsync's export and apply_plan on the shapes of nn.Module that broke them
+(issue 34), built from torch alone: an output modified in place after its module ran
+(ResNet's ``out += identity``, an in-place ReLU), functional forwards
+(``F.scaled_dot_product_attention``, ``nn.MultiheadAttention``'s fused in-projection, a
+non-leaf module's own parameter), a custom linear-like leaf (GPT-2's Conv1D, a
+transposed linear), shared and tied modules, a module called twice, buffers updated in
+forward, and dict and dataclass outputs. test_zoo.py runs the same checks on real
+library models."""
+
+import dataclasses
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    torch = None
+
+if torch is not None:
+    from qsync import export as ex
+    from qsync import qsync_model as qm
+    from qsync.apply_plan import applied_plan
+
+    class Conv1D(nn.Module):
+        """transformers' Conv1D: a linear with its weight transposed, via addmm."""
+
+        def __init__(self, nf, nx):
+            super().__init__()
+            self.nf = nf
+            self.weight = nn.Parameter(torch.randn(nx, nf) * 0.1)
+            self.bias = nn.Parameter(torch.zeros(nf))
+
+        def forward(self, x):
+            out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+            return out.view(x.shape[:-1] + (self.nf,))
+
+    class Block(nn.Module):
+        """conv -> bn -> in-place ReLU, then ``out += identity`` on the second bn's
+        output and a shared in-place ReLU, as torchvision's BasicBlock."""
+
+        def __init__(self, c):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            out += x
+            return self.relu(out)
+
+    @dataclasses.dataclass
+    class Output:
+        logits: torch.Tensor
+        aux: torch.Tensor = None
+
+    class Net(nn.Module):
+        """Every awkward case in one model; returns a dict or a dataclass."""
+
+        def __init__(self, c=4, hidden=8, vocab=16, as_dict=True):
+            super().__init__()
+            self.as_dict = as_dict
+            self.stem = nn.Conv2d(3, c, 3, padding=1)
+            self.block = Block(c)
+            self.scale = nn.Parameter(torch.ones(c, 1, 1))  # a non-leaf module's own
+            self.proj = nn.Linear(c, hidden)
+            self.mha = nn.MultiheadAttention(hidden, 2, batch_first=True)
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+            self.c1 = Conv1D(hidden, hidden)
+            self.act = nn.GELU()  # called twice
+            self.emb = nn.Embedding(vocab, hidden)
+            self.head = nn.Linear(hidden, vocab, bias=False)
+            self.head.weight = self.emb.weight  # tied
+            self.shared = nn.Linear(hidden, hidden)
+            self.again = self.shared  # the same module under two names
+
+        def forward(self, img, ids):
+            x = self.block(self.stem(img)) * self.scale
+            x = self.proj(x.flatten(2).transpose(1, 2))  # (b, hw, hidden)
+            x = x + self.emb(ids)
+            a, _ = self.mha(x, x, x, need_weights=False)
+            b, s, h = a.shape
+            split = lambda t: t.view(b, s, 2, h // 2).transpose(1, 2)  # noqa: E731
+            y = F.scaled_dot_product_attention(split(self.q(a)), split(self.k(a)),
+                                               split(self.v(a)))
+            y = self.act(self.c1(y.transpose(1, 2).reshape(b, s, h)))
+            y = self.act(self.again(self.shared(y)))
+            logits = self.head(y)
+            return {"logits": logits} if self.as_dict else Output(logits=logits)
+
+
+def _export(model, step):
+    records = ex.record_ops(model, step, "fp32", with_stats=True, device_type="cpu")
+    ex.merge_saved_bytes(records, ex.record_ops(model, step, "bf16", device_type="cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def iteration():
+        opt.zero_grad(set_to_none=True)
+        step().backward()
+        opt.step()
+
+    with tempfile.TemporaryDirectory() as d:
+        with ex.instrument(model):
+            ex.profile(iteration, d + "/t.json", steps=1, warmup=1)
+        trace = qm.read_json(d + "/t.json")
+    return records, qm.model_json(records, "net", trace=trace), trace
+
+
+def _ranges(trace):
+    return [e for e in trace["traceEvents"] if e.get("cat") == "user_annotation"
+            and e.get("ph") == "X" and not e["name"].startswith("ProfilerStep")
+            and not e["name"].startswith("Optimizer")]
+
+
+def _overlaps(trace):
+    """Pairs of op ranges that overlap on one thread: lowbit-plan would count the
+    kernels in both."""
+    rs = sorted(_ranges(trace), key=lambda e: e["ts"])
+    out = []
+    for i, a in enumerate(rs):
+        for b in rs[i + 1:]:
+            if b["ts"] >= a["ts"] + a["dur"]:
+                break
+            if b["tid"] == a["tid"]:
+                out.append((a["name"], b["name"]))
+    return out
+
+
+def check_export(test, model, step, records, model_json, trace):
+    """What every export must give (shared with test_zoo.py)."""
+    # Every parameter counted once, at one op.
+    names = sorted(n for r in records.values() for n in r["param_names"])
+    test.assertEqual(names, sorted(n for n, _ in model.named_parameters()))
+    test.assertEqual(sum(o["param_numel"] for o in model_json["ops"]),
+                     sum(p.numel() for p in model.parameters()))
+    # Kinds lowbit-plan knows; FLOPs positive; the code between the ops named.
+    for o in model_json["ops"]:
+        test.assertIn(o["kind"], qm.KNOWN_KINDS, o["name"])
+        test.assertGreater(o["flops"], 0, o["name"])
+    un = model_json.get("unattributed", [])
+    test.assertTrue(un, "the loss at least runs outside every op")
+    for u in un:
+        test.assertTrue(u["name"].startswith("aten::"), u)
+        test.assertGreater(u["count"], 0)
+        test.assertEqual(u["priced_as"], "tail")
+    # The FLOPs of the ops and of the code between them add up to torch's own count.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        step()
+    counted = sum(r["counted_flops"] for r in records.values()) + sum(u["flops"] for u in un)
+    test.assertAlmostEqual(counted, float(fc.get_total_flops()), delta=1e-6 * counted + 1)
+    # Every op with parameters has its ranges, forward and backward, and no two op
+    # ranges overlap on a thread.
+    ranges = {e["name"] for e in _ranges(trace)}
+    for o in model_json["ops"]:
+        if o["param_numel"] > 0:
+            test.assertIn(o["name"], ranges)
+            test.assertIn(o["name"] + ".backward", ranges)
+    test.assertEqual(qm.missing_ranges(trace, model_json), [])
+    test.assertEqual(_overlaps(trace), [])
+
+
+def run_mixed_plans(test, model, step, model_json):
+    """Forward and backward under plans that put every other parameter op at the other
+    precision (every edge mixed), in both ambients: finite loss, fp32 gradients."""
+    params = [o["name"] for o in model_json["ops"] if o["param_numel"] > 0]
+    for first, second in (("fp32", "bf16"), ("bf16", "fp32")):
+        plan = {"default": "fp32", "ops": {n: (first if k % 2 else second)
+                                           for k, n in enumerate(params)}}
+        model.zero_grad(set_to_none=True)
+        with applied_plan(model, plan, model_json, device_type="cpu") as ap:
+            with ap.step_context():
+                loss = step()
+            loss.backward()
+        test.assertTrue(ap.wrapped)
+        test.assertTrue(torch.isfinite(loss).item())
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                test.assertEqual(p.grad.dtype, torch.float32, n)
+        test.assertEqual(ap.kept, {})
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class AnyModule(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.img = torch.randn(2, 3, 4, 4)
+        self.ids = torch.randint(0, 16, (2, 16))
+
+    def make(self, as_dict=True):
+        model = Net(as_dict=as_dict)
+        out = (lambda o: o["logits"]) if as_dict else (lambda o: o.logits)
+
+        def step():
+            return F.cross_entropy(out(model(self.img, self.ids)).flatten(0, 1),
+                                   self.ids.flatten())
+        return model, step
+
+    def test_export_and_apply(self):
+        for as_dict in (True, False):
+            model, step = self.make(as_dict)
+            records, mj, trace = _export(model, step)
+            check_export(self, model, step, records, mj, trace)
+            run_mixed_plans(self, model, step, mj)
+        ops = {o["name"]: o for o in mj["ops"]}
+        # The in-place ReLU shared within the block: two calls, two ops.
+        self.assertIn("block.relu", ops)
+        self.assertIn("block.relu#2", ops)
+        # A non-leaf module's own parameter and the MHA's fused in-projection are
+        # function ops, named after the module holding the parameter.
+        self.assertEqual(ops["model"]["call"], "function")
+        self.assertEqual(ops["mha"]["call"], "function")
+        self.assertEqual(ops["mha"]["function"], "multi_head_attention_forward")
+        self.assertEqual(records["mha"]["param_names"],
+                         ["mha.in_proj_weight", "mha.in_proj_bias",
+                          "mha.out_proj.weight", "mha.out_proj.bias"])
+        # Conv1D is a linear (addmm), not a convolution: 2 * rows * in * out FLOPs.
+        self.assertEqual(ops["c1"]["kind"], "linear")
+        self.assertEqual(ops["c1"]["flops"], 2.0 * 32 * 8 * 8)
+        # Tied: the head's GEMM holds the embedding's weight; the embedding follows.
+        self.assertEqual(ops["head"]["param_numel"], 16 * 8)
+        self.assertEqual(ops["emb"]["param_numel"], 0)
+        # The same module under two names: one module, called twice, weights once.
+        self.assertEqual(ops["shared"]["param_numel"], 8 * 8 + 8)
+        self.assertEqual(ops["shared#2"]["param_numel"], 0)
+        self.assertIn("shared", ops["shared#2"]["inputs"])
+        self.assertIn("act#2", ops)
+        # Attention's core (functional, between the ops) is named, not dropped.
+        un = {u["name"] for u in mj["unattributed"]}
+        self.assertTrue(any("scaled_dot_product" in n for n in un), un)
+
+    def test_buffers_left_as_found(self):
+        model, step = self.make()
+        before = {n: b.clone() for n, b in model.named_buffers()}
+        ex.record_ops(model, step, "fp32", device_type="cpu")
+        for n, b in model.named_buffers():
+            self.assertTrue(torch.equal(b, before[n]), n)
+        # Running statistics are state, not saved activations.
+        records = ex.record_ops(model, step, "fp32", device_type="cpu")
+        self.assertEqual(records["block.bn1"]["kind"], "batch_norm")
+
+    def test_unused_output_closes_its_range(self):
+        # An op whose second output is unused: its backward range still closes (at the
+        # end of backward at the latest) and nothing overlaps.
+        class Two(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(4))
+
+            def forward(self, x):
+                return x * self.w, x + self.w
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.two, self.fc = Two(), nn.Linear(4, 1)
+
+            def forward(self, x):
+                return self.fc(self.two(x)[0])
+
+        m = M()
+        x = torch.randn(3, 4)
+        records, mj, trace = _export(m, lambda: m(x).sum())
+        ranges = [e["name"] for e in _ranges(trace)]
+        self.assertEqual(ranges.count("two.backward"), 1)
+        self.assertEqual(_overlaps(trace), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
