@@ -294,7 +294,7 @@ void register_with_headers(const char* tname, std::size_t size, bool checked) {
                                      nullptr, {base + p * slot, bench_header(p, count)});
   };
   const auto check = [=](const std::byte* base) {
-    return checked ? lowbit::kernels::header_check{base, slot, 2, bench_header(0, count),
+    return checked ? lowbit::kernels::header_check{{base, slot, 2, bench_header(0, count)},
                                                    bench_record()}
                    : lowbit::kernels::header_check{};
   };

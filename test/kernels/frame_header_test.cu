@@ -80,7 +80,7 @@ struct slots {
     upload();
   }
   kernels::header_check check(const frame_header& want, kernels::header_mismatch* rec) const {
-    return {dev.data(), stride, P, want, rec};
+    return {{dev.data(), stride, P, want}, rec};
   }
   std::byte* frame(int p) const { return dev.data() + p * stride + H; }
 

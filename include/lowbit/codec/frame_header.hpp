@@ -4,6 +4,7 @@
 // LOWBIT_HD, so the host and the kernels judge a header by the same function.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lowbit/core/config.hpp"
@@ -61,5 +62,16 @@ LOWBIT_HD header_field first_difference(const frame_header& got, const frame_hea
   if (got.seq != want.seq) return header_field::seq;
   return header_field::none;
 }
+
+/// The headers a step that consumes frames checks before it writes anything: `count`
+/// headers `stride` bytes apart from `first`, the one at index p sent by rank p, each
+/// describing the call `want`. count 0: nothing to check. The host (agreement.hpp) and the
+/// kernels (kernels::header_check) read the same type.
+struct header_set {
+  const std::byte* first = nullptr;
+  std::size_t stride = 0;
+  int count = 0;
+  frame_header want;
+};
 
 }  // namespace lowbit::detail

@@ -35,15 +35,10 @@ struct header_mismatch {
   lowbit::detail::frame_header want;  ///< the call of the rank that checked it
 };
 
-/// The headers a kernel checks before it writes: `count` headers `stride` bytes apart from
-/// `first` (device memory, 16-byte aligned); the one at index p must come from rank p and
-/// describe the call `want`. count 0 checks nothing; `record` (device-accessible, may be
-/// null) receives the first disagreement.
-struct header_check {
-  const std::byte* first = nullptr;
-  std::size_t stride = 0;
-  int count = 0;
-  lowbit::detail::frame_header want;
+/// The headers a kernel checks before it writes: a header_set (codec/frame_header.hpp) in
+/// device memory, headers 16-byte aligned, and `record` (device-accessible, may be null),
+/// which receives the first disagreement.
+struct header_check : lowbit::detail::header_set {
   header_mismatch* record = nullptr;
 };
 

@@ -88,16 +88,6 @@ inline std::string mismatch(const frame_header& got, const frame_header& want, i
   return "rank " + std::to_string(from) + " sent a header this build cannot read";
 }
 
-/// The headers a step that consumes frames checks before it writes anything: `count`
-/// headers `stride` bytes apart from `first`, the one at index p sent by rank p, each
-/// describing the call `want`. count 0: nothing to check.
-struct header_set {
-  const std::byte* first = nullptr;
-  std::size_t stride = 0;
-  int count = 0;
-  frame_header want;
-};
-
 /// One call's agreement state, shared by the engine and the backend's transfers: what this
 /// rank's call is, how long a wait may last, and the first disagreement seen.
 struct call_check {
