@@ -37,7 +37,13 @@ at another precision than its consumer, forward and backward):
 
 An op's own outputs are released once every op the model JSON lists as consuming it
 has started, so they are not kept longer than the cast they stand for. Ops are named
-as export.py names them (module name, ``#k`` for the k-th call).
+as export.py names them (module name, ``#k`` for the k-th call), and found the same way
+(attribution.OpTracker): leaf-module calls through forward hooks on the wrapped ops'
+modules only, and, when the plan wraps an op that is a torch function taking a
+parameter (``"call": "function"`` in the model JSON: nn.MultiheadAttention's fused
+attention, a layer scale), a torch function mode that wraps those calls, with hooks on
+every leaf then so that the calls are told apart and counted as recorded. Outputs keep
+their containers' types (tuples, named tuples, dicts, ModelOutputs, dataclasses).
 """
 
 from __future__ import annotations

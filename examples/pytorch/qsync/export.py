@@ -335,6 +335,11 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     return scratch
 
 
+def function_ops(records: Dict[str, dict]) -> bool:
+    """Whether ``record_ops`` found ops that are torch functions (attribution)."""
+    return any(r.get("call") == "function" for r in records.values())
+
+
 def merge_workspace(records: Dict[str, dict], precision: str, scratch: Dict[str, float]) -> None:
     """Adds ``record_workspace``'s bytes at ``precision`` to the records."""
     for op, b in scratch.items():
@@ -359,10 +364,13 @@ class instrument:
     first conv whose input needs no gradient still times its weight gradient).
     attribution says what an op is and why the backward is found on the autograd graph
     rather than with module backward hooks: outputs modified in place afterwards (an
-    in-place ReLU, ``out += identity``) are fine, the model runs as it is."""
+    in-place ReLU, ``out += identity``) are fine, the model runs as it is.
+    ``functions=False`` leaves out function ops (and the torch function mode that finds
+    them, a Python check on every torch call): right when ``record_ops`` found none
+    (no record has ``"call": "function"``), as ``function_ops(records)`` says."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, functions: bool = True):
+        self.model, self.functions = model, functions
 
     def __enter__(self):
         self.claimed: set = set()  # autograd nodes some op of this iteration made
@@ -372,7 +380,7 @@ class instrument:
         self.handles = [p.register_post_accumulate_grad_hook(self._accumulated)
                         for p in self.model.parameters() if p.requires_grad]
         self.tracker = OpTracker(self.model, self._enter, self._exit,
-                                 on_iteration=self._new_iteration)
+                                 functions=self.functions, on_iteration=self._new_iteration)
         self.tracker.__enter__()
         return self
 
