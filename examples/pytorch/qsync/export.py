@@ -74,9 +74,10 @@ def _is_input_cast(t: torch.Tensor, params: set, dtype) -> bool:
 
 class Records(dict):
     """record_ops's records, op name -> record, and ``unattributed``: the aten operators
-    that ran outside every op (code between the ops: residual adds, attention's core in a
-    module with children, the loss), by name, with their count, FLOPs, output size and
-    the ops they ran after. lowbit-plan prices them as the profile's tail."""
+    that ran outside every op in the forward (code between the ops: residual adds,
+    attention's core in a module with children, the loss), by name, with their count,
+    FLOPs, output size and the ops they ran after (up to 8), most FLOPs first.
+    lowbit-plan prices them, forward and backward, as the profile's tail."""
 
     unattributed: List[dict]
 
@@ -280,7 +281,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     records.unattributed = [
         {"name": "aten::" + n, "count": u["count"], "flops": u["flops"],
          "output_numel": u["output_numel"], "after": u["after"]}
-        for n, u in sorted(counter.unattributed.items(), key=lambda kv: -kv[1]["count"])]
+        for n, u in sorted(counter.unattributed.items(),
+                           key=lambda kv: (-kv[1]["flops"], -kv[1]["count"], kv[0]))]
     return records
 
 

@@ -287,7 +287,10 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
     for p in precisions:
         if p != "fp32":
             ex.merge_saved_bytes(records, ex.record_ops(model, forward_loss, p, device_type=device))
-    log("%s: recorded %d ops" % (name, len(records)))
+    log("%s: recorded %d ops (%d torch functions taking a parameter); code between the "
+        "ops, priced as the tail: %s" % (
+            name, len(records), sum(r.get("call") == "function" for r in records.values()),
+            ", ".join("%s x%d" % (u["name"], u["count"]) for u in records.unattributed[:6])))
 
     # 2. profiles: instrumented and plain, per precision
     rounds = max(1, args.rounds)
