@@ -3,9 +3,13 @@ the module (lowbit-plan, the C++ planner, is in tools/).
 
 - ``qsync_model``: the torch-free half: the model JSON, plans, host samples, traces.
 - ``export``: records a module's ops and profiles it (the traces lowbit-plan reads).
+- ``attribution``: what an op is (leaf-module calls, torch functions taking a
+  parameter), its backward on the autograd graph, the aten operators between the ops.
 - ``apply_plan``: a plan's precisions applied to a module as per-module autocast.
 - ``validate``: the pipeline end to end on one GPU, predicted against measured
   (``lowbit-qsync-validate``).
+- ``zoo``: 15 models from torchvision, timm and transformers, built without weights,
+  with their training steps at two batch sizes (and a tiny size for CPU tests).
 - ``host_drift``, ``memory_probe``: measurements behind validate's choices
   (``lowbit-qsync-host-drift``, ``lowbit-qsync-memory-probe``).
 - ``make_test_traces``, ``trim_trace``: the C++ tests' real traces
