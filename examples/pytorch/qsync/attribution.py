@@ -249,30 +249,45 @@ def backward_nodes(outs, stop: set, claimed: set):
 
 class Span:
     """An op's backward on the autograd graph: ``on_open`` as the first of its head
-    nodes is about to run, ``on_close`` once all its nodes have run and ``extra``
-    more events (``done()``: its parameters' gradients accumulated) have happened, or at
-    the end of the backward pass at the latest (nodes of an unused output never run)."""
+    nodes is about to run, ``on_close`` once those of its nodes that this backward runs
+    (``torch._C._will_engine_execute_node``: the nodes of an unused output never run)
+    have run and ``extra`` more events (``done()``: its parameters' gradients
+    accumulated) have happened, or at the end of the backward pass at the latest.
+    ``release()`` drops the nodes (the hooks on them hold the span): call it when the
+    graph may never be run backward."""
 
     def __init__(self, heads, nodes, extra: int, on_open: Callable, on_close: Callable):
-        self.left, self.on_open, self.on_close = len(nodes) + extra, on_open, on_close
+        self.nodes, self.extra, self.on_open, self.on_close = nodes, extra, on_open, on_close
+        self.ran = self.extra_done = 0
+        self.needed: Optional[int] = None
         self.opened = self.closed = False
         for h in heads:
             h.register_prehook(self._pre)
         for n in nodes:
             n.register_hook(self._post)
 
+    def release(self):
+        self.nodes = None
+
     def _pre(self, grad_outputs):
         if not self.opened:
             self.opened = True
+            will = torch._C._will_engine_execute_node
+            self.needed = sum(1 for n in self.nodes or () if will(n))
+            self.nodes = None
             self.on_open()
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
 
     def _post(self, grad_inputs, grad_outputs):
-        self.done()
+        self.ran += 1
+        self._check()
 
     def done(self):
-        self.left -= 1
-        if self.left <= 0:
+        self.extra_done += 1
+        self._check()
+
+    def _check(self):
+        if self.opened and self.ran >= self.needed and self.extra_done >= self.extra:
             self.finish()
 
     def finish(self):

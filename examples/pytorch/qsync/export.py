@@ -305,6 +305,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     start: Dict[str, int] = {}
     stops: Dict[str, set] = {}
     claimed: set = set()
+    spans: List[Span] = []
 
     def begin(op):
         cuda.reset_peak_memory_stats()
@@ -321,7 +322,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     def exit(op, args, kwargs, out):
         end(op)
         heads, nodes = backward_nodes(tensors(out), stops.pop(op), claimed)
-        Span(heads, nodes, 0, lambda op=op: begin(op), lambda op=op: end(op))
+        spans.append(Span(heads, nodes, 0, lambda op=op: begin(op), lambda op=op: end(op)))
 
     buffers = _snapshot_buffers(model)
     try:
@@ -333,6 +334,9 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
         cuda.synchronize()
         model.zero_grad(set_to_none=True)
     finally:
+        for span in spans:
+            span.release()
+        claimed.clear()
         _restore_buffers(buffers)
     return scratch
 
@@ -379,6 +383,7 @@ class instrument:
         self.seen: set = set()  # ids of parameters some op of this iteration took
         self.waiting: Dict[int, Span] = {}  # id(parameter) -> the span it closes
         self.fwd: Dict[str, tuple] = {}
+        self.spans: List[Span] = []
         self.handles = [p.register_post_accumulate_grad_hook(self._accumulated)
                         for p in self.model.parameters() if p.requires_grad]
         self.tracker = OpTracker(self.model, self._enter, self._exit,
@@ -390,6 +395,9 @@ class instrument:
         self.claimed.clear()
         self.seen.clear()
         self.waiting.clear()
+        for span in self.spans:  # a graph never run backward keeps no span alive
+            span.release()
+        self.spans.clear()
 
     def _enter(self, op, module, args, kwargs, own, func):
         r = torch.profiler.record_function(op)
@@ -412,6 +420,7 @@ class instrument:
 
         span = Span(heads, nodes, len(first), open_range,
                     lambda: rng[0].__exit__(None, None, None))
+        self.spans.append(span)
         for p in first:
             self.waiting[id(p)] = span
 

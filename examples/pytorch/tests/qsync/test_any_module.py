@@ -244,8 +244,8 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(records["block.bn1"]["kind"], "batch_norm")
 
     def test_unused_output_closes_its_range(self):
-        # An op whose second output is unused: its backward range still closes (at the
-        # end of backward at the latest) and nothing overlaps.
+        # An op whose second output is unused: its backward range closes when the nodes
+        # this backward runs have run, before the op before it starts its backward.
         class Two(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -257,10 +257,10 @@ class AnyModule(unittest.TestCase):
         class M(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.two, self.fc = Two(), nn.Linear(4, 1)
+                self.fc0, self.two, self.fc = nn.Linear(4, 4), Two(), nn.Linear(4, 1)
 
             def forward(self, x):
-                return self.fc(self.two(x)[0])
+                return self.fc(self.two(self.fc0(x))[0])
 
         m = M()
         x = torch.randn(3, 4)
