@@ -166,8 +166,10 @@ def check_export(test, model, step, records, model_json, trace):
 
 def run_mixed_plans(test, model, step, model_json):
     """Forward and backward under plans that put every other parameter op at the other
-    precision (every edge mixed), in both ambients: finite loss, fp32 gradients."""
+    precision (every edge mixed), in both ambients: finite loss, fp32 gradients.
+    Returns the ops each plan wrapped."""
     params = [o["name"] for o in model_json["ops"] if o["param_numel"] > 0]
+    wrapped = set()
     for first, second in (("fp32", "bf16"), ("bf16", "fp32")):
         plan = {"default": "fp32", "ops": {n: (first if k % 2 else second)
                                            for k, n in enumerate(params)}}
@@ -177,11 +179,13 @@ def run_mixed_plans(test, model, step, model_json):
                 loss = step()
             loss.backward()
         test.assertTrue(ap.wrapped)
+        wrapped.update(ap.wrapped)
         test.assertTrue(torch.isfinite(loss).item())
         for n, p in model.named_parameters():
             if p.grad is not None:
                 test.assertEqual(p.grad.dtype, torch.float32, n)
         test.assertEqual(ap.kept, {})
+    return wrapped
 
 
 @unittest.skipIf(torch is None, "needs torch")
@@ -205,7 +209,8 @@ class AnyModule(unittest.TestCase):
             model, step = self.make(as_dict)
             records, mj, trace = _export(model, step)
             check_export(self, model, step, records, mj, trace)
-            run_mixed_plans(self, model, step, mj)
+            wrapped = run_mixed_plans(self, model, step, mj)
+            self.assertLessEqual({"model", "mha", "c1", "head"}, wrapped)  # function ops too
         ops = {o["name"]: o for o in mj["ops"]}
         # The in-place ReLU shared within the block: two calls, two ops.
         self.assertIn("block.relu", ops)
