@@ -41,8 +41,9 @@ as export.py names them (module name, ``#k`` for the k-th call), and found the s
 (attribution.OpTracker): leaf-module calls through forward hooks on the wrapped ops'
 modules only, and, when the plan wraps an op that is a torch function taking a
 parameter (``"call": "function"`` in the model JSON: nn.MultiheadAttention's fused
-attention, a layer scale), a torch function mode that wraps those calls, with hooks on
-every leaf then so that the calls are told apart and counted as recorded. Outputs keep
+attention, a layer scale), a torch function mode that wraps those calls while the
+forward of the module that calls them (``"caller"``) runs, with hooks on the leaves
+under it then, so that the calls are told apart and counted as recorded. Outputs keep
 their containers' types (tuples, named tuples, dicts, ModelOutputs, dataclasses).
 """
 
@@ -52,7 +53,7 @@ from typing import Dict
 
 import torch
 
-from .attribution import OpTracker, map_tensors
+from .attribution import OpTracker, leaf_modules, map_tensors
 from .export import DTYPES, precision_context
 from .qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
                          plan_precisions, resolve_precisions)
@@ -91,7 +92,8 @@ class applied_plan:
         self.wrapped.update({n: p for n, p in self.resolved.items() if p != self.ambient})
         self.consumers = consumer_counts(model_json)
         self.model_json_ops = model_json["ops"]
-        self.inputs = {o["name"]: list(dict.fromkeys(o.get("inputs", [])))
+        self.inputs = {o["name"]: [i for i in dict.fromkeys(o.get("inputs", []))
+                                   if i not in o.get("weights_from", ())]
                        for o in model_json["ops"]}
         modules = dict(model.named_modules())
         unknown = [op for op in self.per_op if module_of(op) not in modules]
@@ -125,16 +127,20 @@ class applied_plan:
         self.tracker = None
         # Hooks only on the modules of wrapped ops (every op at another precision than
         # the ambient and every consumer of one is wrapped): a module hook costs host
-        # time on every call, which no profile holds; a uniform plan installs none. A
-        # wrapped function op (attribution) needs every leaf hooked and a torch function
-        # mode, so that its calls are told from the leaves' and counted as recorded.
+        # time on every call, which no profile holds; a uniform plan installs none.
+        # Where a wrapped op's module also has function ops (attribution), a torch
+        # function mode runs while their callers' forwards run, with hooks on the leaves
+        # under those callers, so that the calls are told apart and counted as recorded.
         hooked = {module_of(op) for op in self.wrapped}
-        functions = any(o.get("call") == "function" and module_of(o["name"]) in hooked
-                        for o in self.model_json_ops)
+        related = [o for o in self.model_json_ops
+                   if o.get("call") == "function" and module_of(o["name"]) in hooked]
+        scopes = {o.get("caller", "") for o in related}
+        under = {n for n, _ in leaf_modules(self.model)
+                 if any(s == "" or n.startswith(s + ".") for s in scopes)}
         if hooked:
             self.tracker = OpTracker(self.model, self._enter, self._exit,
-                                     leaves=None if functions else hooked,
-                                     functions=functions, on_iteration=self._reset)
+                                     leaves=hooked | under, functions=bool(related),
+                                     scopes=scopes, on_iteration=self._reset)
             self.tracker.__enter__()
         return self
 

@@ -111,15 +111,21 @@ class OpTracker:
     takes; ``func``: None for a leaf's call, else the function). ``enter`` may return
     ``(args, kwargs)`` and ``exit`` an output to replace the call's. ``leaves``: the leaf
     modules' names to hook (all when None); ``functions``: whether function ops are
-    seen (a TorchFunctionMode while the tracker is active: every torch call pays a
-    Python check). Calls are counted per module and iteration (the root's forward
-    starts one), so every user names an op the same way."""
+    seen (a TorchFunctionMode: every torch call pays a Python check), while the tracker
+    is active or, given ``scopes`` (module names), only while one of those modules'
+    forward runs (the leaves under them must be among ``leaves``, so that their own
+    calls are told apart). ``callers=True`` keeps ``caller()``: the innermost non-leaf
+    module running, the one whose code calls a function op (its scope). Calls are
+    counted per module and iteration (the root's forward starts one), so every user
+    names an op the same way."""
 
     def __init__(self, model: torch.nn.Module, enter: Callable, exit: Callable,
                  leaves: Optional[set] = None, functions: bool = True,
-                 on_iteration: Optional[Callable[[], None]] = None):
+                 on_iteration: Optional[Callable[[], None]] = None,
+                 scopes: Optional[set] = None, callers: bool = False):
         self.model, self.enter, self.exit = model, enter, exit
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
+        self.scopes, self.callers = scopes, callers
         self.count: Dict[int, int] = {}
         self.active: Optional[str] = None
         self.owners = param_owners(model) if functions else {}
@@ -153,9 +159,44 @@ class OpTracker:
             if self.leaves is None or name in self.leaves:
                 self._hook(name, m)
         self.mode = _FunctionOps(self) if self.functions else None
-        if self.mode is not None:
+        self.running: List[str] = []
+        self.depth = 0
+        modules = dict(self.model.named_modules())
+        if self.callers:
+            for name, m in modules.items():
+                if next(m.children(), None) is not None:
+                    self._around(m, lambda n=name: self.running.append(n), self.running.pop)
+        if self.mode is not None and self.scopes is None:
             self.mode.__enter__()
+        elif self.mode is not None:
+            for name in sorted(self.scopes):
+                self._around(modules[name], self._scope_in, self._scope_out)
         return self
+
+    def _around(self, m, before, after):
+        """Calls ``before()`` as `m`'s forward starts and ``after()`` as it ends."""
+        def pre(mod, args):
+            before()
+
+        def post(mod, args, out):
+            after()
+
+        self.handles.append(m.register_forward_pre_hook(pre))
+        self.handles.append(m.register_forward_hook(post, always_call=True))
+
+    def _scope_in(self):
+        self.depth += 1
+        if self.depth == 1:
+            self.mode.__enter__()
+
+    def _scope_out(self):
+        self.depth -= 1
+        if self.depth == 0:
+            self.mode.__exit__(None, None, None)
+
+    def caller(self) -> str:
+        """The innermost non-leaf module whose forward is running (``callers=True``)."""
+        return self.running[-1] if self.running else ""
 
     def _hook(self, name, m):
         stack: List[Optional[str]] = []
@@ -195,8 +236,9 @@ class OpTracker:
         return out if new is None else new
 
     def __exit__(self, *exc):
-        if self.mode is not None:
+        if self.mode is not None and (self.scopes is None or self.depth > 0):
             self.mode.__exit__(*exc)
+        self.depth = 0
         for h in self.handles:
             h.remove()
         self.active = None

@@ -107,26 +107,31 @@ def _op_kind(record: dict, aten: Dict[str, int]) -> str:
 
 
 def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[int, str]) -> None:
-    """Each parameter counts once, at one op: the first that runs a convolution or GEMM
-    with it (a tied embedding and LM head: the head, whose precision moves the GEMM and
-    whose autocast copy of the weight is real), else the first that takes it (a module
-    called twice counts its weights on its first call). Sets each record's
-    ``param_numel`` and ``param_names`` (the parameters' qualified names)."""
+    """Each parameter counts once, at the first op that takes it (a module called twice
+    counts its weights on its first call; a tied embedding and LM head, at the
+    embedding). An op that takes parameters but holds none gets the holder as its
+    first input and ``weights_from``: it follows the holder's precision (one decision
+    per parameter) rather than a graph input's fp32, and a uniform plan still wraps
+    nothing; its autocast copy of the weights is not priced (the model JSON cannot say
+    so). Sets each record's ``param_numel`` and ``param_names`` (the parameters'
+    qualified names)."""
     owner: Dict[int, str] = {}
+    objs: Dict[int, torch.nn.Parameter] = {}
     for op in sorted(uses, key=lambda n: records[n]["order"]):
         for p in uses[op]:
-            k = id(p)
-            if k not in owner or (records[op]["kind"] in ("conv", "linear") and
-                                  records[owner[k]]["kind"] not in ("conv", "linear")):
-                owner[k] = op
-    numel: Dict[str, float] = {}
-    objs = {id(p): p for ps in uses.values() for p in ps}
-    for k, op in owner.items():
-        numel[op] = numel.get(op, 0.0) + float(objs[k].numel())
+            owner.setdefault(id(p), op)
+            objs[id(p)] = p
     for op, r in records.items():
-        r["param_numel"] = numel.get(op, 0.0)
         r["params"] = [objs[k] for k, o in owner.items() if o == op]
+        r["param_numel"] = float(sum(p.numel() for p in r["params"]))
         r["param_names"] = [names.get(id(p), "?") for p in r["params"]]
+        held = [owner[id(p)] for p in uses.get(op, ()) if owner[id(p)] != op]
+        if held and not r["params"]:
+            # It runs with weights another op holds (a module's later call, a tied head):
+            # that op is its first input, so that it follows the weights' precision in
+            # lowbit-plan and in the applier (not a graph input's fp32).
+            r["weights_from"] = held[:1]
+            r["inputs"] = held[:1] + [i for i in r["inputs"] if i != held[0]]
 
 
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
@@ -191,6 +196,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         }
         if func is not None:
             records[op]["function"] = getattr(func, "__name__", str(func))
+            records[op]["caller"] = tracker.caller()
         uses[op] = list(own)
         order[0] += 1
         if with_stats:
@@ -251,8 +257,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     buffers = _snapshot_buffers(model)
     try:
         model.zero_grad(set_to_none=True)
-        with OpTracker(model, enter, exit), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        tracker = OpTracker(model, enter, exit, callers=True)
+        with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with precision_context(precision, device_type), counter:
                 loss = step()
         loss.backward()

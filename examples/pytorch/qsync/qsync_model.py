@@ -118,9 +118,12 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     program), the ops that ran in it must come in the same order, else the records and
     the trace describe different programs (ValueError); ops without a range are kept
     (their parameters still cost memory and optimizer time) and listed under
-    "untimed" (lowbit-plan times them by roofline and ignores the key). An op that is a
-    torch function rather than a leaf module's call carries ``"call": "function"`` and
-    the function's name (the plan applier finds it so; lowbit-plan ignores both). The
+    "untimed" (lowbit-plan times them by roofline and ignores the key). An op that
+    runs with weights an earlier op holds (a module's later call, a tied head) has that
+    op as its first input, also under ``"weights_from"``. An op that is a torch
+    function rather than a leaf module's call carries ``"call": "function"``, the
+    function's name and the ``"caller"``, the module whose code called it (the plan
+    applier finds it so; lowbit-plan ignores all three). The
     records' ``unattributed`` list (export.Records: the aten operators of the code
     between the ops, by name, with count and FLOPs) goes under "unattributed", each
     marked ``"priced_as": "tail"``: lowbit-plan ignores the key and prices that code as
@@ -157,8 +160,11 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
         }
         if r.get("call") == "function":  # a torch function taking a parameter
             o["call"] = "function"
-            if r.get("function"):
-                o["function"] = r["function"]
+            for k in ("function", "caller"):
+                if r.get(k) is not None:
+                    o[k] = r[k]
+        if r.get("weights_from"):  # its first input holds its weights (export.py)
+            o["weights_from"] = list(r["weights_from"])
         if saved:
             o["saved_bytes"] = saved
         for key in MEASURED_PARTS:
@@ -265,12 +271,13 @@ def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, 
 
 def consumer_counts(model: dict) -> Dict[str, int]:
     """Op name -> how many later ops list it as an input (directly or through the code
-    between modules). The plan applier keeps an op's own output for its consumers until
-    the last of them has started, then lets it go."""
+    between modules), not counting an input that only holds the op's weights
+    (``weights_from``). The plan applier keeps an op's own output for its consumers
+    until the last of them has started, then lets it go."""
     out: Dict[str, int] = {o["name"]: 0 for o in model["ops"]}
     for o in model["ops"]:
         for i in dict.fromkeys(o.get("inputs", [])):
-            if i in out:
+            if i in out and i not in o.get("weights_from", ()):
                 out[i] += 1
     return out
 

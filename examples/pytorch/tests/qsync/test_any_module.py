@@ -167,7 +167,12 @@ def check_export(test, model, step, records, model_json, trace):
 def run_mixed_plans(test, model, step, model_json):
     """Forward and backward under plans that put every other parameter op at the other
     precision (every edge mixed), in both ambients: finite loss, fp32 gradients.
-    Returns the ops each plan wrapped."""
+    Returns the ops each plan wrapped. A uniform plan wraps nothing: it runs the
+    profiled program."""
+    for p in ("fp32", "bf16"):
+        with applied_plan(model, qm.uniform_plan(p), model_json, device_type="cpu") as ap:
+            test.assertEqual(ap.wrapped, {})
+            test.assertIsNone(ap.tracker)
     params = [o["name"] for o in model_json["ops"] if o["param_numel"] > 0]
     wrapped = set()
     for first, second in (("fp32", "bf16"), ("bf16", "fp32")):
@@ -210,7 +215,7 @@ class AnyModule(unittest.TestCase):
             records, mj, trace = _export(model, step)
             check_export(self, model, step, records, mj, trace)
             wrapped = run_mixed_plans(self, model, step, mj)
-            self.assertLessEqual({"model", "mha", "c1", "head"}, wrapped)  # function ops too
+            self.assertLessEqual({"model", "mha", "c1", "emb"}, wrapped)  # function ops too
         ops = {o["name"]: o for o in mj["ops"]}
         # The in-place ReLU shared within the block: two calls, two ops.
         self.assertIn("block.relu", ops)
@@ -226,9 +231,12 @@ class AnyModule(unittest.TestCase):
         # Conv1D is a linear (addmm), not a convolution: 2 * rows * in * out FLOPs.
         self.assertEqual(ops["c1"]["kind"], "linear")
         self.assertEqual(ops["c1"]["flops"], 2.0 * 32 * 8 * 8)
-        # Tied: the head's GEMM holds the embedding's weight; the embedding follows.
-        self.assertEqual(ops["head"]["param_numel"], 16 * 8)
-        self.assertEqual(ops["emb"]["param_numel"], 0)
+        # Tied: the embedding (first) holds the weight; the head follows its input.
+        self.assertEqual(ops["emb"]["param_numel"], 16 * 8)
+        self.assertEqual(ops["head"]["param_numel"], 0)
+        self.assertEqual(ops["head"]["weights_from"], ["emb"])  # follows the weights'
+        self.assertEqual(ops["head"]["inputs"][0], "emb")
+        self.assertEqual(ops["shared#2"]["weights_from"], ["shared"])
         # The same module under two names: one module, called twice, weights once.
         self.assertEqual(ops["shared"]["param_numel"], 8 * 8 + 8)
         self.assertEqual(ops["shared#2"]["param_numel"], 0)
@@ -237,6 +245,30 @@ class AnyModule(unittest.TestCase):
         # Attention's core (functional, between the ops) is named, not dropped.
         un = {u["name"] for u in mj["unattributed"]}
         self.assertTrue(any("scaled_dot_product" in n for n in un), un)
+
+    def test_function_op_wrapped_within_its_caller(self):
+        # The mode that finds function ops runs only while the module that calls them
+        # runs (the MHA), with hooks on the leaves under it: the rest of the model
+        # carries none of the applier's hooks.
+        model, step = self.make()
+        records = ex.record_ops(model, step, "fp32", device_type="cpu")
+        self.assertEqual(records["mha"]["caller"], "mha")
+        self.assertEqual(records["model"]["caller"], "")  # the root's own code
+        mj = qm.model_json(records, "net")
+        self.assertEqual(next(o for o in mj["ops"] if o["name"] == "mha")["caller"], "mha")
+        seen = []
+        with applied_plan(model, {"default": "bf16", "ops": {"mha": "fp32"}}, mj,
+                          device_type="cpu") as ap:
+            hooked = {n for n, m in model.named_modules() if m._forward_pre_hooks}
+            enter = ap.tracker.enter
+            ap.tracker.enter = lambda op, *a: (seen.append(op), enter(op, *a))[1]
+            with ap.step_context():
+                loss = step()
+            loss.backward()
+        self.assertEqual(ap.tracker.scopes, {"mha"})
+        self.assertEqual(hooked, {"", "mha", "mha.out_proj", "q", "k", "v"})
+        self.assertEqual(seen, ["mha", "q", "k", "v"])
+        self.assertTrue(torch.isfinite(loss).item())
 
     def test_buffers_left_as_found(self):
         model, step = self.make()
