@@ -45,13 +45,13 @@ class all_gather
 
   /// in[0, shard(count).count) is my shard; out[0, count) gets the whole tensor.
   /// In place: in = out + shard(count).begin.
-  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// Returns when `out` holds the result: on NCCL and node async() then sync(stream), within
   /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
     run(in, out, count, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// The same, enqueued on `stream` (NCCL, node): returns at once, without synchronising
   /// the host, so it can be captured in a CUDA graph; order later work after it on the
   /// stream, or wait with sync(stream).
   void async(const T* in, T* out, std::size_t count, stream_type stream) {

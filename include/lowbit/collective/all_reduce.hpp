@@ -21,11 +21,11 @@ namespace lowbit {
 ///
 /// Construction allocates the workspace and the feedback state (one object per
 /// gradient bucket: the state belongs to the tensor); calls allocate nothing and, on
-/// NCCL, never synchronise the host, so a call can be captured in a CUDA graph. Calls on
+/// NCCL and node, never synchronise the host, so a call can be captured in a CUDA graph. Calls on
 /// one object must be ordered (one stream, or synchronised): they share the workspace.
 /// Every rank must call with the same count, in the same order: every frame carries a
 /// header that its receiver checks before it writes anything (lowbit::agreement_error on
-/// every rank, nothing written; on NCCL the kernels check it, and the error is raised by
+/// every rank, nothing written; on the device backends the kernels check it, raised by
 /// sync() or the next call), every wait has a deadline (lowbit::timeout_error), and checked
 /// mode (collective_options::verify) compares every rank's call before a frame moves
 /// (docs/design.md, "Ranks that disagree"). The communicator wrapper is borrowed: the
@@ -59,13 +59,13 @@ class all_reduce
 
   /// Reduces in[0, count) over the ranks into out[0, count) (in == out allowed). count 0
   /// is a no-op.
-  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// Returns when `out` holds the result: on NCCL and node async() then sync(stream), within
   /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
     run(in, out, count, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// The same, enqueued on `stream` (NCCL, node): returns at once, without synchronising
   /// the host, so it can be captured in a CUDA graph; order later work after it on the
   /// stream, or wait with sync(stream).
   void async(const T* in, T* out, std::size_t count, stream_type stream) {
@@ -146,7 +146,7 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
     run(in, out, count, bits, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only), as all_reduce::async.
+  /// The same, enqueued on `stream` (NCCL, node), as all_reduce::async.
   void async(const T* in, T* out, std::size_t count, int bits, stream_type stream) {
     base::require_async();
     run(in, out, count, bits, stream);

@@ -48,13 +48,13 @@ class reduce_scatter
   /// Reduces in[0, count) over the ranks; out[0, shard(count).count) gets my shard.
   /// `out` may alias `in` only in place, as out = in + shard(count).begin (what NCCL's own
   /// in-place reduce_scatter is, below the crossover); other overlaps are undefined.
-  /// Returns when `out` holds the result: on NCCL async() then sync(stream), within
+  /// Returns when `out` holds the result: on NCCL and node async() then sync(stream), within
   /// options().timeout; on MPI the call itself.
   void operator()(const T* in, T* out, std::size_t count, stream_type stream = {}) {
     run(in, out, count, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only): returns at once, without synchronising
+  /// The same, enqueued on `stream` (NCCL, node): returns at once, without synchronising
   /// the host, so it can be captured in a CUDA graph; order later work after it on the
   /// stream, or wait with sync(stream).
   void async(const T* in, T* out, std::size_t count, stream_type stream) {

@@ -42,7 +42,7 @@ class collective_base {
   using schedule_type = Schedule;
   using backend_type = Backend;
   using comm_type = typename engine_type::comm_type;
-  /// cudaStream_t on NCCL; an empty tag on the host backend.
+  /// cudaStream_t on NCCL and node; an empty tag on the host backend.
   using stream_type = typename engine_type::stream_type;
 
   collective_base(collective_base&&) = default;
@@ -60,13 +60,14 @@ class collective_base {
   /// The step the next call uses for stochastic rounding (each call adds one).
   std::uint32_t step() const noexcept { return engine_.step(); }
   void set_step(std::uint32_t s) noexcept { engine_.set_step(s); }
-  /// Calls on fewer input bytes run NCCL's own collective (collective_options::
-  /// crossover_bytes; lowbit::calibrate_crossover measures it). Every rank must agree.
+  /// Calls on fewer input bytes run the backend's own full-precision collective where it
+  /// has one (NCCL: collective_options::crossover_bytes; lowbit::calibrate_crossover
+  /// measures it; ignored on node and MPI). Every rank must agree.
   std::size_t crossover_bytes() const noexcept { return engine_.crossover_bytes(); }
   void set_crossover_bytes(std::size_t bytes) noexcept { engine_.set_crossover_bytes(bytes); }
   const collective_options& options() const noexcept { return engine_.options(); }
   /// How frames move between GPUs (options().transport resolved for this communicator;
-  /// automatic on the MPI backend).
+  /// automatic on the MPI backend, peer_stores on the node backend).
   frame_transport transport() const noexcept { return engine_.transport(); }
   /// Waits until this object's calls on `stream` have finished (NCCL), within
   /// options().timeout: a rank that never joined makes it throw lowbit::timeout_error
