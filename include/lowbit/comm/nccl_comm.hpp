@@ -12,10 +12,10 @@
 #include <chrono>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
+#include "lowbit/comm/stream_wait.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/nccl_try.hpp"
 #include "lowbit/core/numeric.hpp"
@@ -185,33 +185,23 @@ class nccl_comm {
   mutable std::optional<bool> peers_mapped_;   ///< answered by the first peers_mapped()
 };
 
-/// How a wait on a stream ended (wait_stream).
-struct stream_wait {
-  enum outcome { idle, nccl_failed, timed_out } how = idle;
-  int which = -1;                    ///< nccl_failed: the index of the communicator
-  ncclResult_t error = ncclSuccess;  ///< ... and its asynchronous error
-};
-
-/// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy, the
-/// asynchronous error of each of the `n` communicators `comms`, and the deadline (`timeout`;
-/// zero: none). Aborts nothing: the caller decides what a failure aborts. A CUDA error
-/// throws lowbit::cuda_error.
-inline stream_wait wait_stream(cudaStream_t stream, const nccl_comm* const* comms, int n,
-                               std::chrono::milliseconds timeout) {
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    const cudaError_t s = cudaStreamQuery(stream);
-    if (s == cudaSuccess) return {};
-    if (s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
+/// The first of `n` communicators holding an asynchronous NCCL error (index and error),
+/// or {-1, ncclSuccess}: what a wait on their stream watches (comm::wait_stream).
+struct nccl_failure {
+  int which = -1;
+  ncclResult_t error = ncclSuccess;
+  bool operator()(const nccl_comm* const* comms, int n) {
     for (int i = 0; i < n; ++i) {
       const ncclResult_t e = comms[i]->async_error();
-      if (e != ncclSuccess && e != ncclInProgress) return {stream_wait::nccl_failed, i, e};
+      if (e != ncclSuccess && e != ncclInProgress) {
+        which = i;
+        error = e;
+        return true;
+      }
     }
-    if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout)
-      return {stream_wait::timed_out, -1, ncclSuccess};
-    std::this_thread::yield();
+    return false;
   }
-}
+};
 
 /// Waits until `stream` is idle, polling cudaStreamQuery and, while it is busy,
 /// ncclCommGetAsyncError: on an NCCL error the communicator is aborted and
@@ -221,14 +211,15 @@ inline stream_wait wait_stream(cudaStream_t stream, const nccl_comm* const* comm
 inline void nccl_comm::sync(cudaStream_t stream, std::chrono::milliseconds timeout) const {
   check("nccl_comm::sync");
   const nccl_comm* self = this;
-  const stream_wait w = wait_stream(stream, &self, 1, timeout);
-  if (w.how == stream_wait::idle) return;
+  nccl_failure f;
+  const stream_wait w = wait_stream(stream, timeout, [&] { return f(&self, 1); });
+  if (w == stream_wait::idle) return;
   abort();
-  if (w.how == stream_wait::nccl_failed)
-    throw nccl_error(__FILE__, __LINE__, static_cast<int>(w.error),
+  if (w == stream_wait::failed)
+    throw nccl_error(__FILE__, __LINE__, static_cast<int>(f.error),
                      std::string("nccl_comm::sync: asynchronous NCCL error, communicator "
                                  "aborted: ") +
-                         ncclGetErrorString(w.error));
+                         ncclGetErrorString(f.error));
   throw timeout_error(__FILE__, __LINE__,
                       "nccl_comm::sync: timed out after " + std::to_string(timeout.count()) +
                           " ms; communicator aborted");

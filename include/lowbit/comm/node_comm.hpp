@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/mapped_host.hpp"
 
 namespace lowbit::comm {
 
@@ -99,9 +100,7 @@ class node_comm {
                                                  " is outside 0.." + std::to_string(size - 1));
     LOWBIT_EXPECTS(static_cast<bool>(bootstrap_), "node_comm: the bootstrap is empty");
     LOWBIT_CUDA_TRY(cudaGetDevice(&device_));
-    LOWBIT_CUDA_TRY(
-        cudaHostAlloc(reinterpret_cast<void**>(&abort_word_), sizeof(int), cudaHostAllocMapped));
-    *abort_word_ = 0;
+    abort_word_ = lowbit::detail::mapped_host<int>::create();
     node_rank_info me;
     gethostname(me.host, sizeof me.host - 1);
     me.pid = static_cast<std::int64_t>(getpid());
@@ -126,9 +125,6 @@ class node_comm {
     }
     return *this;
   }
-  ~node_comm() {
-    if (abort_word_ != nullptr) LOWBIT_CUDA_TRY_NO_THROW(cudaFreeHost(abort_word_));
-  }
 
   int rank() const noexcept { return rank_; }
   /// Number of ranks; 0 when empty.
@@ -141,10 +137,10 @@ class node_comm {
                        sizeof(cudaUUID_t)) == 0;
   }
   /// True once abort() ran.
-  bool aborted() const noexcept { return abort_word_ != nullptr && *abort_word_ != 0; }
+  bool aborted() const noexcept { return abort_word_.get() != nullptr && *abort_word_.get() != 0; }
   bool valid() const noexcept { return size_ > 0 && !aborted(); }
   /// The abort word the transfer kernels poll (device-accessible; non-zero once aborted).
-  const volatile int* abort_word() const noexcept { return abort_word_; }
+  const volatile int* abort_word() const noexcept { return abort_word_.get(); }
 
   /// Throws lowbit::invalid_argument unless the communicator can carry a collective.
   void check(const char* who) const {
@@ -157,7 +153,7 @@ class node_comm {
   /// Marks the communicator unusable and ends every wait of its kernels. Idempotent; const
   /// because collectives hold the communicator by const reference and abort it on a timeout.
   void abort() const noexcept {
-    if (abort_word_ != nullptr) *abort_word_ = 1;
+    if (abort_word_.get() != nullptr) *abort_word_.get() = 1;
   }
 
   /// The bootstrap all-gather (collective; construction time only).
@@ -237,7 +233,7 @@ class node_comm {
   int device_ = -1;
   bootstrap_allgather bootstrap_;
   std::vector<node_rank_info> peers_;
-  int* abort_word_ = nullptr;  ///< mapped pinned memory: non-zero once aborted
+  lowbit::detail::mapped_host<int> abort_word_;  ///< non-zero once aborted
 };
 
 }  // namespace lowbit::comm

@@ -28,11 +28,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include "lowbit/comm/node_comm.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
+#include "lowbit/core/mapped_host.hpp"
 #include "lowbit/transport/ipc_window.hpp"
 
 namespace lowbit::transport {
@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(Threads) ipc_transfer_kernel(const ipc_transfe
 
 }  // namespace detail
 
-/// Moves frames between the ranks of one node_comm, which must outlive it. Move-only.
+/// Moves frames between the ranks of one node_comm, which must outlive it. Move-only (its
+/// members are).
 class ipc_mover {
  public:
   /// CTAs of every transfer kernel (the same on every rank).
@@ -198,24 +199,9 @@ class ipc_mover {
   ipc_mover() = default;
   /// Collective over `comm`: the flag window.
   ipc_mover(const comm::node_comm& comm, const char* who)
-      : comm_(&comm), flags_(comm, ipc_flag_bytes(comm.size(), ctas), who) {
-    LOWBIT_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&record_), sizeof(ipc_wait_record),
-                                  cudaHostAllocMapped));
-    *record_ = ipc_wait_record{};
-  }
-  ipc_mover(const ipc_mover&) = delete;
-  ipc_mover& operator=(const ipc_mover&) = delete;
-  ipc_mover(ipc_mover&& o) noexcept { swap(o); }
-  ipc_mover& operator=(ipc_mover&& o) noexcept {
-    if (this != &o) {
-      ipc_mover tmp(std::move(o));
-      swap(tmp);
-    }
-    return *this;
-  }
-  ~ipc_mover() {
-    if (record_ != nullptr) LOWBIT_CUDA_TRY_NO_THROW(cudaFreeHost(record_));
-  }
+      : comm_(&comm),
+        flags_(comm, ipc_flag_bytes(comm.size(), ctas), who),
+        record_(lowbit::detail::mapped_host<ipc_wait_record>::create()) {}
 
   /// A window of `bytes` on every rank (collective).
   ipc_window make_buffer(std::size_t bytes, const char* who) const {
@@ -253,7 +239,7 @@ class ipc_mover {
 
   /// Empty while no wait ended early; else which rank was waited for, and for what.
   std::string missed() const {
-    const volatile ipc_wait_record* r = record_;
+    const volatile ipc_wait_record* r = record_.get();
     if (r == nullptr || r->ready == 0) return {};
     return std::string(r->phase == 0
                            ? "rank " + std::to_string(r->peer) + " to arrive at a transfer"
@@ -271,7 +257,7 @@ class ipc_mover {
     a.epoch = reinterpret_cast<unsigned long long*>(flags_.data()) +
               ipc_flag_index(2, 0, 0, a.ranks, ctas);
     a.abort_word = comm_->abort_word();
-    a.record = record_;
+    a.record = record_.get();
     a.timeout_ns = static_cast<unsigned long long>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
     return a;
@@ -281,15 +267,9 @@ class ipc_mover {
     detail::ipc_transfer_kernel<ipc_threads><<<ctas, ipc_threads, 0, s>>>(a);
     LOWBIT_CHECK_LAUNCH();
   }
-  void swap(ipc_mover& o) noexcept {
-    std::swap(comm_, o.comm_);
-    std::swap(flags_, o.flags_);
-    std::swap(record_, o.record_);
-  }
-
   const comm::node_comm* comm_ = nullptr;
-  ipc_window flags_;                   ///< arrive and landed flags, then this rank's counters
-  ipc_wait_record* record_ = nullptr;  ///< mapped pinned: a wait that ended early
+  ipc_window flags_;  ///< arrive and landed flags, then this rank's counters
+  lowbit::detail::mapped_host<ipc_wait_record> record_;  ///< a wait that ended early
 };
 
 }  // namespace lowbit::transport

@@ -30,12 +30,11 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
                                                    const collective_config& config) {
   check_max_count(max_count);
   std::unique_ptr<all_reduce_handle> h;
-  with_instance<all_reduce_instances>("lowbit_torch all_reduce", dtype, feedback,
-                                      [&](auto t, auto f) {
-                                        h = make_all_reduce_as<typename decltype(t)::type,
-                                                               typename decltype(f)::type>(
-                                            comm, max_count, codec, config);
-                                      });
+  with_instance<all_reduce_instances>(
+      "lowbit_torch all_reduce", dtype, feedback, [&](auto t, auto f) {
+        h = make_all_reduce_as<typename decltype(t)::type, typename decltype(f)::type>(
+            comm, max_count, codec, config);
+      });
   return h;
 }
 

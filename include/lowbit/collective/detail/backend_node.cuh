@@ -12,16 +12,16 @@
 
 #include <chrono>
 #include <cstddef>
-#include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lowbit/collective/backend.hpp"
 #include "lowbit/collective/detail/agreement.hpp"
-#include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/device_steps.cuh"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/comm/node_comm.hpp"
+#include "lowbit/comm/stream_wait.hpp"
 #include "lowbit/transport/ipc_mover.cuh"
 #include "lowbit/transport/ipc_window.hpp"
 
@@ -54,7 +54,7 @@ class node_backend : public device_steps {
     return mover_.make_buffer(bytes, who);
   }
   static void check_sizes(std::size_t, std::size_t, std::size_t) {}
-  void check_alive(const char* who_) const { comm_->check(who_); }
+  void check_alive(const char* caller) const { comm_->check(caller); }
 
   /// Every rank's `bytes` at `mine`, rank by rank, in host memory (checked mode); waits for
   /// the caller's stream within cc.timeout.
@@ -62,15 +62,13 @@ class node_backend : public device_steps {
     LOWBIT_EXPECTS(bytes <= small_bytes, "lowbit (node backend): a fingerprint of " +
                                              std::to_string(bytes) + " bytes exceeds " +
                                              std::to_string(small_bytes));
-    const int P = comm_->size();
+    const std::size_t P = static_cast<std::size_t>(comm_->size());
     std::byte* slot = small_.data() + static_cast<std::size_t>(comm_->rank()) * small_bytes;
     LOWBIT_CUDA_TRY(cudaMemcpyAsync(slot, mine, bytes, cudaMemcpyHostToDevice, check_stream_));
     mover_.allgather(small_, 0, small_bytes, cc.timeout, check_stream_);
-    small_host_.resize(static_cast<std::size_t>(P) * bytes);
-    for (int p = 0; p < P; ++p)
-      LOWBIT_CUDA_TRY(cudaMemcpyAsync(small_host_.data() + static_cast<std::size_t>(p) * bytes,
-                                      small_.data() + static_cast<std::size_t>(p) * small_bytes,
-                                      bytes, cudaMemcpyDeviceToHost, check_stream_));
+    small_host_.resize(P * bytes);  // every slot's first `bytes`, packed
+    LOWBIT_CUDA_TRY(cudaMemcpy2DAsync(small_host_.data(), bytes, small_.data(), small_bytes, bytes,
+                                      P, cudaMemcpyDeviceToHost, check_stream_));
     sync(check_stream_, cc);
     return small_host_.data();
   }
@@ -80,22 +78,15 @@ class node_backend : public device_steps {
   /// aborted) when a transfer gave up a wait or the deadline passes.
   void sync(cudaStream_t stream, const call_check& cc) {
     comm_->check("lowbit (node backend) sync");
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t s = cudaStreamQuery(stream);
-      if (s != cudaSuccess && s != cudaErrorNotReady) LOWBIT_CUDA_TRY(s);
-      const std::string missed = mover_.missed();
-      const bool late =
-          cc.timeout.count() > 0 && std::chrono::steady_clock::now() - start > cc.timeout;
-      if (!missed.empty() || late) {
-        comm_->abort();  // ends every wait still running on the GPU
-        drain(stream);
-        throw timeout_error(__FILE__, __LINE__,
-                            cc.timeout_message(missed.empty() ? "the work on the stream" : missed));
-      }
-      if (s == cudaSuccess) return;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    const comm::stream_wait w =
+        comm::wait_stream(stream, cc.timeout, [&] { return !mover_.missed().empty(); });
+    // A transfer that gave up may have let its stream finish: its record still tells.
+    const std::string missed = mover_.missed();
+    if (w == comm::stream_wait::idle && missed.empty()) return;
+    comm_->abort();  // ends every wait still running on the GPU
+    drain(stream);
+    throw timeout_error(__FILE__, __LINE__,
+                        cc.timeout_message(missed.empty() ? "the work on the stream" : missed));
   }
 
   void alltoallv(lane l, const transfer_buffer& send, const std::size_t* send_bytes,

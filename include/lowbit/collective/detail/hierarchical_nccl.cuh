@@ -85,14 +85,15 @@ struct both_comms<backend::nccl> {
                                  " NCCL communicator is empty or was aborted; both are "
                                  "aborted now");
     }
-    const comm::stream_wait w = comm::wait_stream(stream, comms, 2, cc.timeout);
-    if (w.how == comm::stream_wait::idle) return;
+    comm::nccl_failure f;
+    const comm::stream_wait w = comm::wait_stream(stream, cc.timeout, [&] { return f(comms, 2); });
+    if (w == comm::stream_wait::idle) return;
     poison(intra, inter, {});
-    if (w.how == comm::stream_wait::nccl_failed)
+    if (w == comm::stream_wait::failed)
       throw nccl_error(
-          __FILE__, __LINE__, static_cast<int>(w.error),
-          who + ": asynchronous NCCL error on the " + names[w.which] +
-              " communicator (both communicators aborted): " + ncclGetErrorString(w.error));
+          __FILE__, __LINE__, static_cast<int>(f.error),
+          who + ": asynchronous NCCL error on the " + names[f.which] +
+              " communicator (both communicators aborted): " + ncclGetErrorString(f.error));
     throw timeout_error(__FILE__, __LINE__,
                         cc.timeout_message("the work on the stream, over the node-local and the "
                                            "cross-node communicators (both aborted)"));
