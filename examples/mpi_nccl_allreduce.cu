@@ -122,9 +122,7 @@ int main(int argc, char** argv) {
     const int dev = lowbit::comm::select_local_device(MPI_COMM_WORLD);
     if (a.backend == "node") {
       const lowbit::comm::node_comm comm = lowbit::comm::node_comm_from_mpi(MPI_COMM_WORLD);
-      int shared = 0;  // the most ranks on one GPU: NCCL refuses more than one
-      for (int p = 0; p < comm.size(); ++p) shared += comm.same_gpu(p);
-      MPI_Allreduce(MPI_IN_PLACE, &shared, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      const int shared = lowbit::comm::ranks_per_gpu(MPI_COMM_WORLD);  // NCCL refuses > 1
       std::optional<lowbit::comm::nccl_comm> nccl;
       if (shared == 1) nccl.emplace(lowbit::comm::nccl_comm_from_mpi(MPI_COMM_WORLD));
       run<lowbit::backend::node>(a, comm, nccl ? &*nccl : nullptr, dev, shared);

@@ -182,25 +182,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// The most ranks of `comm` on one GPU (compared by UUID): NCCL refuses more than one
-/// ("Duplicate GPU detected").
-int ranks_per_gpu(MPI_Comm comm) {
-  int dev = 0, P = 1;
-  LOWBIT_CUDA_TRY(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  LOWBIT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
-  MPI_Comm_size(comm, &P);
-  std::vector<cudaUUID_t> all(P);
-  MPI_Allgather(&prop.uuid, sizeof(cudaUUID_t), MPI_BYTE, all.data(), sizeof(cudaUUID_t), MPI_BYTE,
-                comm);
-  int most = 1;
-  for (const auto& a : all)
-    most = std::max<int>(most, std::count_if(all.begin(), all.end(), [&](const auto& b) {
-                           return std::memcmp(&a, &b, sizeof a) == 0;
-                         }));
-  return most;
-}
-
 /// dispatch<T, Bits, Backend> where this build compiled it (LOWBIT_PERF_INSTANCES), else an
 /// error that says so.
 template <class T, int Bits, class Backend>
@@ -251,7 +232,7 @@ int main(int argc, char** argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     comms c;
-    c.ranks_per_gpu = ranks_per_gpu(MPI_COMM_WORLD);
+    c.ranks_per_gpu = lowbit::comm::ranks_per_gpu(MPI_COMM_WORLD);
     const std::string shared = std::to_string(c.ranks_per_gpu) + " ranks share one GPU";
     LOWBIT_EXPECTS(c.ranks_per_gpu == 1 || o.backend == "node",
                    shared +

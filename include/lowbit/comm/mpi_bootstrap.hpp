@@ -1,10 +1,15 @@
 // Bootstrapping NCCL from MPI (for MPI+NCCL programs and the examples): pick a GPU per
-// node-local rank, broadcast rank 0's ncclUniqueId, ncclCommInitRank.
+// node-local rank, count the ranks sharing a GPU, broadcast rank 0's ncclUniqueId,
+// ncclCommInitRank.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "lowbit/comm/mpi_comm.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
@@ -31,6 +36,27 @@ inline int select_local_device(MPI_Comm comm) {
   const int dev = node_local_rank(comm) % n;
   LOWBIT_CUDA_TRY(cudaSetDevice(dev));
   return dev;
+}
+
+/// The most ranks of `comm` on one GPU, the same on every rank (GPUs compared by UUID, so
+/// whatever CUDA_VISIBLE_DEVICES says): above 1, NCCL refuses the group ("Duplicate GPU
+/// detected") and timings of several ranks are not speed-ups. Collective over `comm`.
+inline int ranks_per_gpu(MPI_Comm comm) {
+  int dev = 0, P = 1;
+  LOWBIT_CUDA_TRY(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  LOWBIT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
+  LOWBIT_MPI_TRY(MPI_Comm_size(comm, &P));
+  std::vector<cudaUUID_t> all(static_cast<std::size_t>(P));
+  LOWBIT_MPI_TRY(MPI_Allgather(&prop.uuid, sizeof(cudaUUID_t), MPI_BYTE, all.data(),
+                               sizeof(cudaUUID_t), MPI_BYTE, comm));
+  int most = 1;
+  for (const cudaUUID_t& a : all) {
+    int same = 0;
+    for (const cudaUUID_t& b : all) same += std::memcmp(&a, &b, sizeof a) == 0;
+    most = std::max(most, same);
+  }
+  return most;
 }
 
 /// An owned NCCL communicator over the ranks of `comm`, on the current device
