@@ -49,6 +49,9 @@ options:
   --target-ms X         iteration-time target; default: the fastest device type's
                         full-precision compute time, or the fastest uniform plan's
                         time if that is slower
+  --target-slack PCT    target: the fastest uniform plan's predicted time plus PCT
+                        percent (e.g. 5: the most ops at high precision within 5% of
+                        the fastest plan); --target-ms wins when both are given
   --comm-bits LIST      candidate bucket bit-widths, ascending (default 4,8,16,32;
                         16 = bf16, 32 = fp32)
   --solver greedy|exact greedy (default) or the exact branch and bound (small models)
@@ -100,6 +103,7 @@ struct options {
   std::string traces, plain_traces, plan_file, json_out;
   int batch = 0, seq = 384;
   double target_ms = 0;
+  double target_slack = -1;  // percent over the fastest uniform plan; < 0: not given
   std::vector<int> comm_bits = {4, 8, 16, 32};
   int ranks_per_node = 0;
   std::string inter_link = "ib-ndr", intra_link = "nvlink4";
@@ -143,6 +147,9 @@ options parse_args(int argc, char** argv) {
     } else if (a == "--target-ms") {
       o.target_ms = to_number(a, value());
       if (!(o.target_ms > 0)) throw usage_error("--target-ms must be positive");
+    } else if (a == "--target-slack") {
+      o.target_slack = to_number(a, value());
+      if (!(o.target_slack >= 0)) throw usage_error("--target-slack must be >= 0 (percent)");
     } else if (a == "--comm-bits") {
       o.comm_bits.clear();
       std::stringstream ss(value());
@@ -471,11 +478,18 @@ int run(const options& o) {
               decisions, g.total_params() / 1e6, sim.buckets().size());
   if (!o.plan_file.empty()) return predict_given(o, sim);
 
-  const double target = o.target_ms > 0 ? o.target_ms : default_target_ms(sim, o.comm_bits);
+  const double target =
+      o.target_ms > 0         ? o.target_ms
+      : o.target_slack >= 0 ? slack_target_ms(sim, o.comm_bits.front(), o.target_slack / 100.0)
+                              : default_target_ms(sim, o.comm_bits);
   const allocation_problem pb(sim, indicator_scores(sim, o.comm_bits), o.comm_bits, target);
   const allocation a = o.solver == "exact" ? exact_allocate(pb) : greedy_allocate(pb);
+  char slack[64] = "";
+  if (o.target_ms <= 0 && o.target_slack >= 0)
+    std::snprintf(slack, sizeof slack, " (fastest uniform plan + %g%%)", o.target_slack);
   std::printf("  target %.2f ms%s, %s solver, %zu plans predicted\n\n", target,
-              o.target_ms > 0 ? "" : " (default)", o.solver.c_str(), a.evaluations);
+              o.target_ms > 0 ? "" : (slack[0] ? slack : " (default)"), o.solver.c_str(),
+              a.evaluations);
 
   std::printf("  %-34s %10s", "plan", "iter ms");
   for (const auto& grp : hw.groups) std::printf(" %9s", (grp.device.name + " GiB").c_str());

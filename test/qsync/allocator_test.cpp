@@ -280,3 +280,35 @@ TEST_CASE("built-in models plan within target and memory on the example clusters
     REQUIRE_THROWS_WITH(exact_allocate(pb), Contains("for small instances"));
   }
 }
+
+TEST_CASE("a slack over the fastest uniform plan: the most precision within it") {
+  // ResNet-50 on one H200 (roofline): the fastest uniform plan is 16-bit; 5% and 15% over
+  // its time leave room for some ops at fp32, more at 15%, never over the target.
+  const std::vector<int> bits = {32};
+  const simulator sim(resnet50(32), builtin_cluster("H200"));
+  const plan fastest = fastest_uniform_plan(sim, 32);
+  const double t0 = sim.evaluate(fastest).iteration_ms();
+  REQUIRE(slack_target_ms(sim, 32, 0.05) == Approx(1.05 * t0));
+  REQUIRE_THROWS_WITH(slack_target_ms(sim, 32, -0.1), Contains(">= 0"));
+  const score_table scores = indicator_scores(sim, bits);
+  double last_score = std::numeric_limits<double>::infinity();
+  std::size_t last_fp32 = 0;
+  for (double slack : {0.0, 0.05, 0.15, 10.0}) {
+    const double target = slack_target_ms(sim, 32, slack);
+    const allocation_problem pb(sim, scores, bits, target);
+    const allocation a = greedy_allocate(pb);
+    INFO("slack " << slack);
+    REQUIRE(a.target_met);
+    REQUIRE(a.eval.iteration_ms() <= target * (1 + 1e-9));
+    REQUIRE(a.score <= last_score);  // more room, no more perturbation
+    std::size_t fp32 = 0;
+    for (std::size_t i = 0; i < sim.graph().size(); ++i)
+      fp32 += sim.graph().at(i).has_params() && a.result.precisions[0][i] == precision::fp32;
+    REQUIRE(fp32 >= last_fp32);
+    last_score = a.score;
+    last_fp32 = fp32;
+    if (slack == 0.05) REQUIRE(fp32 > 0);
+  }
+  // With room for everything the plan is all fp32 (nothing perturbs less).
+  REQUIRE(last_score == Approx(0.0).margin(1e-30));
+}

@@ -150,6 +150,92 @@ TEST_CASE("add_profile: op GPU and host times, the measured tail, overhead from 
   REQUIRE(detail::water_level({{0.15, 1}, {0.11, 1}, {0.05, 1}, {0.04, 1}}, 0.07) == Approx(0.095));
 }
 
+// The code between the ops: "a" and "b" forward on the main thread with an add launched
+// between them (at 170), a loss launched on the main thread after "b" (at 320), its
+// backward on autograd's thread before "b.backward" (at 410), and the optimizer after the
+// last op range (at 600), inside its own range.
+const char* with_code = R"({"traceEvents": [
+  {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
+  {"ph": "X", "cat": "user_annotation", "name": "a", "ts": 100, "dur": 50, "pid": 1, "tid": 1},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 120, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": 1}},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 170, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": 4}},
+  {"ph": "X", "cat": "user_annotation", "name": "b", "ts": 200, "dur": 100, "pid": 1, "tid": 1},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 220, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": 5}},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 320, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": 6}},
+  {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: AddmmBackward0", "ts": 400, "dur": 80, "pid": 1, "tid": 2},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 410, "dur": 5, "pid": 1, "tid": 2, "args": {"correlation": 7}},
+  {"ph": "X", "cat": "user_annotation", "name": "b.backward", "ts": 420, "dur": 30, "pid": 1, "tid": 2},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 430, "dur": 5, "pid": 1, "tid": 2, "args": {"correlation": 2}},
+  {"ph": "X", "cat": "user_annotation", "name": "a.backward", "ts": 470, "dur": 20, "pid": 1, "tid": 2},
+  {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "ts": 590, "dur": 30, "pid": 1, "tid": 1},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 600, "dur": 5, "pid": 1, "tid": 1, "args": {"correlation": 3}},
+  {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 900, "dur": 80, "pid": 1, "tid": 1},
+  {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 130, "dur": 10, "pid": 0, "tid": 7, "args": {"correlation": 1}},
+  {"ph": "X", "cat": "kernel", "name": "add", "ts": 180, "dur": 7, "pid": 0, "tid": 7, "args": {"correlation": 4}},
+  {"ph": "X", "cat": "kernel", "name": "gemm2", "ts": 230, "dur": 10, "pid": 0, "tid": 7, "args": {"correlation": 5}},
+  {"ph": "X", "cat": "kernel", "name": "loss", "ts": 330, "dur": 30, "pid": 0, "tid": 7, "args": {"correlation": 6}},
+  {"ph": "X", "cat": "kernel", "name": "loss_bwd", "ts": 415, "dur": 4, "pid": 0, "tid": 7, "args": {"correlation": 7}},
+  {"ph": "X", "cat": "kernel", "name": "gemm_bwd", "ts": 440, "dur": 20, "pid": 0, "tid": 7, "args": {"correlation": 2}},
+  {"ph": "X", "cat": "kernel", "name": "sgd", "ts": 610, "dur": 5, "pid": 0, "tid": 7, "args": {"correlation": 3}}
+]})";
+
+TEST_CASE("the code between the ops goes to the op range after it, not to the tail") {
+  const op_graph g = ab_graph();
+  const json tr = json::parse(with_code);
+  // Without the graph nothing is attributed: every kernel outside a range is tail.
+  const trace_ranges bare = read_trace_ranges(tr);
+  REQUIRE(bare.code_gpu_ms.empty());
+  REQUIRE(tail_ms(bare, g) == Approx(0.007 + 0.030 + 0.004 + 0.005));
+  const trace_ranges r = read_trace_ranges(tr, &g);
+  REQUIRE(r.dispatch_gap_ms == 0.0);  // no kernel waited in a queue here
+  REQUIRE(r.code_gpu_ms.at("b") == Approx(0.007));  // the add, launched between a and b
+  REQUIRE(r.code_kernels.at("b") == 1);
+  // The loss (main thread, after b) and its backward (autograd's thread) precede the
+  // first op range that starts after them: b.backward.
+  REQUIRE(r.code_gpu_ms.at("b.backward") == Approx(0.034));
+  REQUIRE(r.code_gpu_ms.count("a") == 0);
+  REQUIRE(r.code_gpu_ms.count("a.backward") == 0);
+  // The optimizer's kernel is inside a range that is not an op: the tail, alone.
+  REQUIRE(tail_ms(r, g) == Approx(0.005));
+  measured_table t;
+  add_profile(t, tr, precision::bf16, g);
+  REQUIRE(t.find_code("b", precision::bf16)->forward_ms == Approx(0.007));
+  REQUIRE(t.find_code("b", precision::bf16)->backward_ms == Approx(0.034));
+  REQUIRE(t.find_code("a", precision::bf16)->forward_ms == 0.0);
+  REQUIRE(t.find_tail(precision::bf16)->gpu_ms == Approx(0.005));
+  REQUIRE(t.find("b", precision::bf16)->forward_ms == Approx(0.010));  // its own kernel
+}
+
+TEST_CASE("the code between the ops runs under the host's time, not after it") {
+  // Host-bound: four op halves of 1 ms of host time each, 0.01 ms of GPU time, and 0.8 ms
+  // of code (a loss, say) before op1's forward. Issued after op0's host time, the code
+  // runs 1.0 -> 1.8 while the host issues op1: the iteration is the host's 4 ms and the
+  // tail's 0.5. As a tail, after the last op, it was 4.0 + 0.8 + 0.1.
+  training_model m = model_of(linear_chain(2));
+  device_group grp{round_device(), 1, {}};
+  for (const char* n : {"op0", "op1"}) {
+    grp.measured.set(n, precision::fp16, {0.01, 0.01});
+    grp.measured.set_host(n, precision::fp16, {1.0, 1.0});
+  }
+  grp.measured.set_code("op1", precision::fp16, {0.8, 0.0});
+  grp.measured.set_tail(precision::fp16, {0.1, 0.5});
+  const simulator sim(m, {"one", {grp}, {"l", 1, 0}});
+  const evaluation e = sim.evaluate(sim.uniform(precision::fp16));
+  REQUIRE(e.iteration_ms() == Approx(4.5));
+  std::size_t code = 0;
+  for (const kernel& k : e.groups[0].trace.kernels) code += k.kind == kernel_kind::code;
+  REQUIRE(code == 1);
+  // GPU-bound, the code adds in full, as the tail did: op0 (issued at 1), 5 ms of code
+  // before op1's forward, then op1 and the two backward halves, then the tail's 0.1.
+  grp.measured.set_code("op1", precision::fp16, {5.0, 0.0});
+  const simulator gpu(m, {"one", {grp}, {"l", 1, 0}});
+  REQUIRE(gpu.evaluate(gpu.uniform(precision::fp16)).iteration_ms() ==
+          Approx(1.0 + 0.01 + 5.0 + 0.01 + 0.01 + 0.01 + 0.1).epsilon(1e-9));
+  // A mixed plan takes the code from the profile of its ambient precision (none at fp32
+  // here: the nearest measured, fp16).
+  REQUIRE(gpu.evaluate(gpu.uniform(precision::fp32)).groups[0].trace.kernels.size() == 5);
+}
+
 TEST_CASE("the CPU chain uses measured host times and the tail's host time") {
   training_model m = model_of(linear_chain(2));
   device_group grp{round_device(), 1, {}};

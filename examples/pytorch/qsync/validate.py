@@ -58,7 +58,24 @@ from . import qsync_model as qm
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MEASURED_FIELDS = ["case", "model", "plan", "batch", "iters", "iter_ms_median", "iter_ms_mean",
-                   "iter_ms_min", "iter_ms_max", "peak_gib", "host_ms_median", "plan_summary"]
+                   "iter_ms_min", "iter_ms_max", "peak_gib", "host_ms_median", "plan_summary",
+                   "zoo_model", "regime"]
+# The zoo's CSV (--zoo): one row per case and plan, and one per case that failed.
+ZOO_FIELDS = ["model", "batch", "bound", "plan", "predicted_ms", "measured_ms", "time_error",
+              "predicted_mem", "measured_mem", "mem_error", "within_target", "date", "commit",
+              "hardware"]
+# A step is host-bound when the host's part of it (up to the final synchronize) is at
+# least this share of the step: the GPU then waits for the host most of the step.
+HOST_BOUND_SHARE = 0.9
+# The allocator's plans: the most ops at high precision (lowest indicator) within 5% and
+# 15% of the fastest uniform plan's predicted time (lowbit-plan --target-slack).
+ALLOC_SLACKS = (("alloc-5pct", 5.0), ("alloc-15pct", 15.0))
+# Per-case effort in the zoo (--zoo), small so that 30 cases fit in two calls of ~550 s:
+# per plan `iters` timed steps over `rounds` rounds, `host_iters` host samples per
+# precision, `profile_steps` profiled steps; the batch-1 cases, whose steps are short
+# and whose medians follow the host's drift, take more.
+ZOO_EFFORT = {"gpu": dict(iters=12, host_iters=6, rounds=3, warmup=2, profile_steps=2),
+              "host": dict(iters=30, host_iters=15, rounds=3, warmup=3, profile_steps=2)}
 T0 = time.time()
 
 
@@ -172,12 +189,35 @@ CASES = {
 }
 
 
+def zoo_cases(part=(1, 1)):
+    """The zoo's cases (qsync/zoo.py): every model at its two batch sizes, named
+    ``<model>-b<batch>``; with ``part`` (k, n) only the models whose index is k-1 modulo n
+    (a model's two cases go to one part, and the parts alternate over the list)."""
+    from . import zoo
+
+    k, n = part
+    out = {}
+    for i, (zname, c) in enumerate(zoo.CASES.items()):
+        if i % n != k - 1:
+            continue
+        for regime in ("gpu", "host"):
+            b = c.batches[regime]
+            out["%s-b%d" % (zname, b)] = dict(model="zoo", zoo=zname, batch=b, regime=regime,
+                                              **ZOO_EFFORT[regime])
+    return out
+
+
 def make_case(torch, name, spec, device, smoke=False):
     """The model, on `device`, and its forward-and-loss closure over a fixed batch.
     `smoke` shrinks everything (a CPU check of the pipeline, not a measurement)."""
     import torch.nn as nn
     import torch.nn.functional as F
 
+    if spec.get("zoo"):
+        from . import zoo
+
+        b = min(spec["batch"], 2) if smoke else spec["batch"]
+        return zoo.make(spec["zoo"], b, tiny=smoke, device=device)
     torch.manual_seed(0)
     b = min(spec["batch"], 2) if smoke else spec["batch"]
     if spec["model"] == "cnn":
@@ -267,10 +307,13 @@ def timed_steps(args, step, n):
     return times, host
 
 
-def run_case(torch, args, name, spec, out, measured_rows, host_times):
+def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None):
     """Steps 1-4 of the module docstring for one case; appends to measured_rows and
     rewrites measured.csv after every case, so a failure keeps what was measured, and
-    the host samples (per round) to OUT/host_times.json."""
+    the host samples (per round) to OUT/host_times.json. ``stage["now"]`` says which step
+    runs (export, profile, plan, measure), for the report of a case that fails."""
+    stage = {} if stage is None else stage
+    stage["now"] = "export"
     from . import export as ex
     from .apply_plan import applied_plan
 
@@ -293,9 +336,12 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
             ", ".join("%s x%d" % (u["name"], u["count"]) for u in records.unattributed[:6])))
 
     # 2. profiles: instrumented and plain, per precision
-    rounds = max(1, args.rounds)
+    stage["now"] = "profile"
+    rounds = max(1, spec.get("rounds", args.rounds))
     iters = spec.get("iters", args.iters)
     host_iters = spec.get("host_iters", args.host_iters)
+    profile_steps = spec.get("profile_steps", args.profile_steps)
+    warmup = spec.get("warmup", args.warmup)
     host_log = {}
     traces = {}
     tdir = os.path.join(out, "traces")
@@ -314,7 +360,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
         with tempfile.TemporaryDirectory() as tmp:
             raw = os.path.join(tmp, "t.json")
             with ex.instrument(model, functions=ex.function_ops(records)):
-                ex.profile(step, raw, steps=args.profile_steps)
+                ex.profile(step, raw, steps=profile_steps)
             if p == "fp32":
                 inst = qm.read_json(raw)
                 model_json = qm.model_json(records, name, trace=inst)
@@ -324,8 +370,9 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
                         name, len(missing), ", ".join(missing[:5])))
                 del inst
             traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
-            ex.profile(step, raw, steps=args.profile_steps)
-            qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
+            if not spec.get("zoo"):  # the zoo times the host without a profiler only
+                ex.profile(step, raw, steps=profile_steps)
+                qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
         # The profiler itself inflates host time (every op and launch is recorded), so
         # the host truth comes from steps timed without it (step 4 adds more samples,
         # interleaved with the measurement).
@@ -346,6 +393,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
     qm.write_json(mpath, model_json)
 
     # 3. plans
+    stage["now"] = "plan"
     pdir = os.path.join(out, "plans")
     plans = {}
     for p in spec.get("plans", PRECISIONS):
@@ -362,6 +410,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
     # precision's uniform step (the host truth lowbit-plan is given, as at profiling)
     # and then every plan, so the host samples and the measurement are interleaved and
     # the host's drift over minutes is in both (their medians over all rounds).
+    stage["now"] = "measure"
     cuda = torch.cuda.is_available()
     res = {pn: {"times": [], "host": []} for pn in plans}
     for r in range(rounds):
@@ -378,7 +427,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
             with applied_plan(model, pl, model_json, device_type=device) as ap:
                 opt = new_optimizer(torch, model)
                 step = training_step(torch, model, opt, forward_loss, ap.step_context)
-                for _ in range(args.warmup if r == 0 else 2):
+                for _ in range(warmup if r == 0 else 2):
                     step()
                 if r == 0 and cuda:
                     torch.cuda.reset_peak_memory_stats()
@@ -403,7 +452,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times):
                "iter_ms_mean": "%.4f" % (sum(times) / len(times)),
                "iter_ms_min": "%.4f" % min(times), "iter_ms_max": "%.4f" % max(times),
                "peak_gib": "%.4f" % v["peak"], "host_ms_median": "%.4f" % qm.median(host),
-               "plan_summary": v["summary"]}
+               "plan_summary": v["summary"], "zoo_model": spec.get("zoo", ""),
+               "regime": spec.get("regime", "")}
         measured_rows.append(row)
         log("%s/%s: median %.2f ms (rounds %s), host %.2f ms, peak %.2f GiB (%s)" % (
             name, pn, qm.median(times),
@@ -470,24 +520,21 @@ def lowbit_plan(binary, argv):
 
 
 def allocator_plans(args, name, out, pdir):
-    """lowbit-plan's own plans at two targets: a third and two thirds of the way from the
-    predicted uniform-bf16 time to the predicted uniform-fp32 time."""
+    """lowbit-plan's own plans, the ones a user on one GPU would pick: the most ops at
+    high precision (lowest indicator) within 5% and 15% of the fastest uniform plan's
+    predicted time (``--target-slack``, ALLOC_SLACKS)."""
     os.makedirs(pdir, exist_ok=True)
     plans = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = plan_args(out, name, tmp, gz=reads_gz(args.lowbit_plan, out, name))
-        pred = os.path.join(tmp, "pred.json")
-        lowbit_plan(args.lowbit_plan, base + ["--json", pred])
-        rows = {p["name"]: p["iteration_ms"] for p in qm.read_json(pred)["plans"]}
-        fp32 = rows["uniform fp32, fp32 buckets"]
-        bf16 = rows.get("uniform bf16, fp32 buckets", rows["uniform fp16, fp32 buckets"])
-        for k, frac in (("alloc-1", 1.0 / 3.0), ("alloc-2", 2.0 / 3.0)):
-            target = bf16 + frac * (fp32 - bf16)
+        for k, slack in ALLOC_SLACKS:
             path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
-            lowbit_plan(args.lowbit_plan, base + ["--target-ms", "%.4f" % target, "--out", path,
+            lowbit_plan(args.lowbit_plan, base + ["--target-slack", "%g" % slack, "--out", path,
                                                   "--comm-bits", "32"])
             plans[k] = qm.read_json(path)
-            log("%s: allocator plan %s at %.2f ms" % (name, k, target))
+            log("%s: allocator plan %s (fastest uniform plan + %g%%): %.2f ms predicted, "
+                "target %.2f ms" % (name, k, slack, plans[k].get("predicted_iteration_ms", 0.0),
+                                    plans[k].get("target_ms", 0.0)))
     return plans
 
 
@@ -536,7 +583,7 @@ def predict(args):
         raise SystemExit("validate.py --predict needs --lowbit-plan BIN")
     with open(os.path.join(args.out, "measured.csv")) as f:
         measured = list(csv.DictReader(f))
-    predicted, commands = {}, []
+    predicted, commands, predict_failures = {}, [], {}
     pdir = os.path.join(args.out, "predicted")
     os.makedirs(pdir, exist_ok=True)
     host = host_truth_traces(args.out, args.host_truth)
@@ -548,7 +595,12 @@ def predict(args):
                 plan = os.path.join(args.out, "plans", "%s_%s.json" % (name, m["plan"]))
                 pred = os.path.join(pdir, "%s_%s.json" % (name, m["plan"]))
                 argv = base + ["--plan", plan, "--json", pred]
-                lowbit_plan(args.lowbit_plan, argv)
+                try:
+                    lowbit_plan(args.lowbit_plan, argv)
+                except RuntimeError as e:  # reported in the zoo's CSV, the others go on
+                    log("%s: prediction failed: %s" % (m["case"], e))
+                    predict_failures[m["case"]] = str(e)
+                    continue
                 commands.append("lowbit-plan " + " ".join(argv))
                 j = qm.read_json(pred)["plans"][0]
                 predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
@@ -565,8 +617,96 @@ def predict(args):
         w.writerows(rows)
     with open(os.path.join(args.out, "predict_commands.txt"), "w") as f:
         f.write("\n".join(commands) + "\n")
+    if any(m.get("zoo_model") for m in measured) or os.path.exists(
+            os.path.join(args.out, "failures.csv")):
+        path = write_zoo_csv(args.out, measured, rows, predict_failures)
+        log("zoo CSV: %s" % path)
     print(table, flush=True)
     return 0
+
+
+def bound_of(measured_row) -> str:
+    """"host" when the step's measured host time is at least HOST_BOUND_SHARE of its
+    measured time (the GPU waits for the host), else "gpu"."""
+    try:
+        host, step = float(measured_row["host_ms_median"]), float(measured_row["iter_ms_median"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return "host" if step > 0 and host >= HOST_BOUND_SHARE * step else "gpu"
+
+
+def run_facts(out):
+    """(date, commit, hardware) of the run in OUT (env.json), "" where unknown."""
+    env = {}
+    path = os.path.join(out, "env.json")
+    if os.path.exists(path):
+        env = qm.read_json(path)
+    hw = env.get("gpu", "")
+    if env.get("torch"):
+        hw += ", torch " + env["torch"]
+    return env.get("date", ""), env.get("commit", ""), hw
+
+
+def zoo_rows(out, measured, rows, predict_failures=None):
+    """The zoo CSV's rows (ZOO_FIELDS): a row per measured plan with its prediction, and
+    one per case that failed (OUT/failures.csv: export, profile, plan, measure, or
+    skipped for the time budget) or whose prediction failed, its reason under
+    within_target."""
+    date, commit, hw = run_facts(out)
+    by_case = {r["case"]: r for r in rows}
+    out_rows = []
+    for m in measured:
+        r = by_case.get(m["case"])
+        base = {"model": m.get("zoo_model") or m["model"], "batch": m["batch"],
+                "bound": bound_of(m), "plan": m["plan"], "measured_ms": "%.3f" % float(
+                    m["iter_ms_median"]), "measured_mem": "%.3f" % float(m["peak_gib"]),
+                "date": date, "commit": commit, "hardware": hw}
+        if r is None:
+            why = (predict_failures or {}).get(m["case"], "not predicted")
+            out_rows.append(dict(base, predicted_ms="", time_error="", predicted_mem="",
+                                 mem_error="", within_target="failed (predict): " +
+                                 why.splitlines()[0][:200]))
+            continue
+        target = qm.HOST_BOUND_TARGET_PCT if base["bound"] == "host" else qm.TIME_TARGET_PCT
+        time_ok = abs(r["time_err_pct"]) <= target
+        missed = [w for w, ok in (("time", time_ok), ("memory", r["mem_ok"])) if not ok]
+        out_rows.append(dict(base, predicted_ms="%.3f" % r["pred_ms"],
+                             time_error="%+.2f" % r["time_err_pct"],
+                             predicted_mem="%.3f" % r["pred_gib"],
+                             mem_error="%+.2f" % r["mem_err_pct"],
+                             within_target="yes" if not missed else "no (%s)" % ", ".join(missed)))
+    path = os.path.join(out, "failures.csv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for fl in csv.DictReader(f):
+                out_rows.append({"model": fl["model"], "batch": fl["batch"], "bound": "",
+                                 "plan": "", "predicted_ms": "", "measured_ms": "",
+                                 "time_error": "", "predicted_mem": "", "measured_mem": "",
+                                 "mem_error": "", "within_target": "failed (%s): %s" % (
+                                     fl["stage"], fl["error"]),
+                                 "date": date, "commit": commit, "hardware": hw})
+    return out_rows
+
+
+def write_zoo_csv(out, measured, rows, predict_failures=None):
+    """OUT/zoo.csv (ZOO_FIELDS); returns its path."""
+    path = os.path.join(out, "zoo.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ZOO_FIELDS)
+        w.writeheader()
+        w.writerows(zoo_rows(out, measured, rows, predict_failures))
+    return path
+
+
+FAILURE_FIELDS = ["case", "model", "batch", "stage", "error"]
+
+
+def write_failures(out, failures):
+    """OUT/failures.csv: the cases that failed or were not run, by name and stage."""
+    with open(os.path.join(out, "failures.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FAILURE_FIELDS)
+        w.writeheader()
+        w.writerows(failures)
 
 
 # ------------------------------------------------------------------------------ main
@@ -576,7 +716,21 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lowbit-plan", default="", help="path of the built lowbit-plan binary")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    ap.add_argument("--cases", default="", help="comma list of " + ", ".join(CASES) +
+                    " (default: all), or with --zoo of the zoo's <model>-b<batch> cases")
+    ap.add_argument("--zoo", action="store_true",
+                    help="the validation zoo (qsync/zoo.py: 15 models at two batch sizes, "
+                         "7 plans each, small per-case effort ZOO_EFFORT) instead of the "
+                         "built-in cases; writes OUT/zoo.csv")
+    ap.add_argument("--part", default="1/1",
+                    help="with --zoo, K/N: only the models whose index is K-1 modulo N "
+                         "(e.g. 1/2 and 2/2 in two calls)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="stop starting cases once the next one (estimated as the mean of "
+                         "those done) would end past this many seconds since the start; "
+                         "the cases left are reported in failures.csv as skipped")
+    ap.add_argument("--commit", default="",
+                    help="the commit measured (default: git rev-parse --short HEAD, if any)")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed iterations per plan (>= 20), over all rounds")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
@@ -598,9 +752,24 @@ def parse_args(argv=None):
                     help="tiny models on the CPU: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
     a.all_cpus = sorted(os.sched_getaffinity(0))
-    unknown = [c for c in a.cases.split(",") if c not in CASES]
+    try:
+        k, n = (int(x) for x in a.part.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError
+        a.part = (k, n)
+    except ValueError:
+        ap.error("--part must be K/N with 1 <= K <= N, got %r" % a.part)
+    if a.lowbit_plan and not os.access(a.lowbit_plan, os.X_OK):
+        ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
+    if a.predict:
+        return a
+    a.case_specs = zoo_cases(a.part) if a.zoo else dict(CASES)
+    if not a.cases:
+        a.cases = ",".join(a.case_specs)
+    unknown = [c for c in a.cases.split(",") if c not in a.case_specs]
     if unknown:
-        ap.error("unknown case(s): " + ", ".join(unknown))
+        ap.error("unknown case(s): " + ", ".join(unknown) + " (known: " +
+                 ", ".join(a.case_specs) + ")")
     if a.lowbit_plan and not os.access(a.lowbit_plan, os.X_OK):
         ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
     if a.iters < 1 or a.warmup < 0 or a.profile_steps < 1 or a.host_iters < 1 or a.rounds < 1:
@@ -629,7 +798,8 @@ def main(argv=None):
     for d in ("traces", "plans"):
         os.makedirs(os.path.join(args.out, d), exist_ok=True)
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
-           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (smoke)"}
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (smoke)",
+           "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": args.commit or git_commit()}
     try:  # reported, not changed: "fp32" convolutions use TF32 by PyTorch's default
         env["cudnn_allow_tf32"] = bool(torch.backends.cudnn.allow_tf32)
         env["matmul_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -638,14 +808,50 @@ def main(argv=None):
     with open(os.path.join(args.out, "env.json"), "w") as f:
         json.dump(env, f, indent=1)
     log("torch %s on %s" % (env["torch"], env["gpu"]))
-    rows, host_times = [], {}
+    rows, host_times, failures, took = [], {}, [], []
     for name in args.cases.split(","):
-        run_case(torch, args, name, CASES[name], args.out, rows, host_times)
+        spec = args.case_specs[name]
+        fail = {"case": name, "model": spec.get("zoo") or spec["model"], "batch": spec["batch"]}
+        if args.budget_s > 0 and took and \
+                time.time() - T0 + sum(took) / len(took) > args.budget_s:
+            log("%s: skipped, the time budget (%.0f s) would be exceeded" % (name, args.budget_s))
+            failures.append(dict(fail, stage="skipped (budget)", error="not run"))
+            write_failures(args.out, failures)
+            continue
+        t0, stage = time.time(), {}
+        try:
+            run_case(torch, args, name, spec, args.out, rows, host_times, stage)
+        except Exception as e:  # noqa: BLE001 (a model that fails is reported, the run goes on)
+            import traceback
+
+            traceback.print_exc()
+            why = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:300]
+            log("%s: FAILED at %s: %s" % (name, stage.get("now", "build"), why))
+            failures.append(dict(fail, stage=stage.get("now", "build"), error=why))
+            write_failures(args.out, failures)
+            free_memory(torch)
+        took.append(time.time() - t0)
+        log("%s: %.1f s" % (name, took[-1]))
+    if failures:
+        log("%d case(s) failed or not run: %s" % (len(failures), ", ".join(
+            "%s (%s)" % (f["case"], f["stage"]) for f in failures)))
     log("measured %d plans; %s" % (len(rows), os.path.join(args.out, "measured.csv")))
+    if not rows:
+        write_measured(args.out, rows)
     if args.lowbit_plan:
         predict(args)
     log("done")
     return 0
+
+
+def git_commit():
+    """The short commit of the repository this file is in, or ""."""
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except OSError:
+        return ""
 
 
 def cli():

@@ -231,6 +231,17 @@ inline double default_target_ms(const simulator& sim, const std::vector<int>& co
   return std::max(ideal, fastest);
 }
 
+/// The target a user on one device usually means: "the most ops at high precision (the
+/// lowest indicator) that still run within `slack` of the fastest plan", i.e. the
+/// fastest uniform plan's predicted time (every bucket at `bits`) times (1 + slack), e.g.
+/// 0.05 for 5%. Slack must be >= 0; with 0 the allocator keeps only the promotions that
+/// cost no time at all.
+inline double slack_target_ms(const simulator& sim, int bits, double slack) {
+  LOWBIT_EXPECTS(slack >= 0, "the slack over the fastest uniform plan must be >= 0, got " +
+                                 std::to_string(slack));
+  return sim.evaluate(fastest_uniform_plan(sim, bits)).iteration_ms() * (1.0 + slack);
+}
+
 /// QSync's greedy allocator, corrected. It starts from the fastest uniform plan with
 /// every bucket at the lowest bits (which must fit in memory, else invalid_argument
 /// names the device). Each variable climbs a ladder of its options in rank order from

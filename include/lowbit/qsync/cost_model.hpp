@@ -53,6 +53,15 @@ class measured_table {
   const op_time* find_host(std::string_view op_name, precision p) const {
     return lookup_(host_, op_name, p);
   }
+  /// Records the GPU time of the code between the ops that runs before `op_name`'s forward
+  /// and before its backward in a profile at `p` (trace_ranges::code_gpu_ms).
+  void set_code(const std::string& op_name, precision p, op_time t) {
+    code_[op_name][index_of(p)] = t;
+  }
+  /// The code before `op_name` in the profile at `p`, or null when it was not measured.
+  const op_time* find_code(std::string_view op_name, precision p) const {
+    return lookup_(code_, op_name, p);
+  }
   /// Records the tail of an iteration profiled at `p`.
   void set_tail(precision p, tail_time t) { tails_[index_of(p)] = t; }
   /// The tail measured at `p`, or null.
@@ -76,7 +85,7 @@ class measured_table {
     if (it == t.end() || !it->second[index_of(p)]) return nullptr;
     return &*it->second[index_of(p)];
   }
-  per_op table_, host_;
+  per_op table_, host_, code_;
   std::array<std::optional<tail_time>, precision_count> tails_{};
 };
 
@@ -151,15 +160,32 @@ class cost_model {
   /// at `p`, else at the measured precision nearest it in rank, else the roofline
   /// optimizer step (`optimizer_ms`) with no host time beyond one launch.
   tail_time tail(precision p, double params, double state_bytes_per_param) const {
-    const tail_time* best = nullptr;
+    if (const auto q = tail_source(p)) {
+      const tail_time* best = measured_.find_tail(*q);
+      return {best->gpu_ms, std::max(0.0, best->cpu_ms)};
+    }
+    return {optimizer_ms(params, state_bytes_per_param), 0.0};
+  }
+
+  /// The profiled precision whose tail (and code between the ops) a plan at ambient `p`
+  /// takes: `p` when measured, else the measured one nearest in rank; none without a
+  /// measured tail.
+  std::optional<precision> tail_source(precision p) const {
+    std::optional<precision> best;
     int dist = precision_count;
     for (precision q : all_precisions) {
       const tail_time* t = measured_.find_tail(q);
       const int d = std::abs(index_of(q) - index_of(p));
-      if (t && t->gpu_ms >= 0 && d < dist) best = t, dist = d;
+      if (t && t->gpu_ms >= 0 && d < dist) best = q, dist = d;
     }
-    if (best) return {best->gpu_ms, std::max(0.0, best->cpu_ms)};
-    return {optimizer_ms(params, state_bytes_per_param), 0.0};
+    return best;
+  }
+
+  /// GPU time of the code between the ops that runs before `o`'s forward and backward,
+  /// from the profile at `p` (see tail_source); zero where none was measured.
+  op_time code_time(const op& o, precision p) const {
+    const op_time* t = measured_.find_code(o.name, p);
+    return t ? *t : op_time{0.0, 0.0};
   }
 
   /// Roofline estimate: max(FLOPs / peak, bytes / bandwidth), with fp32 bytes scaled by

@@ -12,7 +12,9 @@
 namespace lowbit::qsync {
 
 /// What a kernel does (for reports and tests; the replay treats all alike).
-enum class kernel_kind { forward, backward, cast, optimizer };
+/// `code`: the code between the ops (residual adds, functional attention, a loss) measured
+/// before an op, issued with that op's host time.
+enum class kernel_kind { forward, backward, cast, optimizer, code };
 
 /// Marks "no op" in kernel::op and "ready at time 0" in device_trace::bucket_ready.
 inline constexpr std::size_t no_index = std::numeric_limits<std::size_t>::max();

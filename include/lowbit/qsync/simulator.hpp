@@ -148,8 +148,17 @@ class simulator {
                                std::size_t other) {
       if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i);
     };
+    // The code between the ops (residual adds, functional attention, a loss), measured
+    // before each op in the profile whose tail the plan takes: the code runs at the
+    // ambient precision. Its host time is in the op's (cpu 0 here); its kernels run before
+    // the op's, where the host issued them, not after the last op.
+    const auto code_source = cm.tail_source(ambient);
+    const auto code = [&](std::size_t i) {
+      return code_source ? cm.code_time(gr.at(i), *code_source) : op_time{0.0, 0.0};
+    };
     for (std::size_t i : gr.topo_order()) {
       const op& o = gr.at(i);
+      if (const double c = code(i).forward_ms; c > 0) push(0.0, c, kernel_kind::code, i);
       const bool inside = cm.measured_with_casts(o, p[i], false);
       if (gr.producers(i).empty() && !inside) cast(precision::fp32, p[i], o.stats.input_numel, i);
       for (std::size_t j : gr.producers(i)) {
@@ -169,6 +178,7 @@ class simulator {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       const std::size_t i = *it;
       const op& o = gr.at(i);
+      if (const double c = code(i).backward_ms; c > 0) push(0.0, c, kernel_kind::code, i);
       for (std::size_t c : gr.consumers(i)) {
         if (!through_ambient)
           cast(p[c], p[i], o.output_numel, i);

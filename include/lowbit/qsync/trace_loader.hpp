@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -62,6 +63,26 @@ struct trace_ranges {
   double busy_ms(const std::string& name) const {
     const auto k = kernels.find(name);
     return gpu_ms.at(name) + (k == kernels.end() ? 0.0 : k->second * dispatch_gap_ms);
+  }
+  /// The code between the ops, by the op range it precedes (filled where read_trace_ranges
+  /// is given the op graph): the kernel time per occurrence of the kernels launched outside
+  /// every range, on any thread, after the previous op range began and before range `name`
+  /// (the first op range of the iteration to start after their launch), and how many. The
+  /// host time of that code is already the following range's (cpu_ms counts the gap before
+  /// a range), so its kernels are priced with it, at that point of the iteration, and not
+  /// after the last op as a tail: a residual add, attention's core written as functions, a
+  /// loss computed in the forward run while the host issues the ops around them. Kernels
+  /// after the iteration's last op range (the optimizer step) and those inside ranges that
+  /// are not ops stay in the tail.
+  std::map<std::string, double> code_gpu_ms;
+  std::map<std::string, double> code_kernels;
+  /// The GPU time the code before range `name` keeps its stream busy per occurrence: its
+  /// kernels' time plus a dispatch gap each, ms (0 where none).
+  double code_busy_ms(const std::string& name) const {
+    const auto g = code_gpu_ms.find(name);
+    if (g == code_gpu_ms.end()) return 0.0;
+    const auto k = code_kernels.find(name);
+    return g->second + (k == code_kernels.end() ? 0.0 : k->second * dispatch_gap_ms);
   }
   /// Host time per range, averaged over occurrences, ms: from the end of the previous
   /// range on the same thread in the same iteration (or the iteration's start on its own
@@ -178,6 +199,61 @@ inline void read_host_times(const std::vector<host_range>& ranges,
 }
 }  // namespace detail
 
+namespace detail {
+/// Fills out.code_gpu_ms and out.code_kernels (see trace_ranges): every launch (a thread's
+/// (ts, correlation), sorted) of kernels outside every user range of its thread other than
+/// the ProfilerStep ranges goes to the first range of an op of `graph` that starts after it
+/// (any thread) within the same ProfilerStep; none there, it stays in the tail.
+template <class Launches, class Kernels>
+void attribute_code(const std::vector<host_range>& ranges, const Launches& launches,
+                    const Kernels& kernels, const op_graph& graph, trace_ranges& out) {
+  std::vector<std::pair<double, double>> steps;                         // (start, end)
+  std::map<std::string, std::vector<std::pair<double, double>>> spans;  // thread -> ranges
+  std::vector<std::pair<double, const std::string*>> ops;               // (start, name)
+  for (const auto& r : ranges) {
+    if (r.name.rfind("ProfilerStep#", 0) == 0) {
+      steps.push_back({r.ts, r.ts + r.dur});
+      continue;
+    }
+    spans[r.thread].push_back({r.ts, r.ts + r.dur});
+    if (graph.find(op_of_range(r.name).first)) ops.push_back({r.ts, &r.name});
+  }
+  std::sort(steps.begin(), steps.end());
+  std::sort(ops.begin(), ops.end());
+  std::map<std::string, double> us, n;
+  for (const auto& [thread, list] : launches) {
+    auto& mine = spans[thread];
+    std::sort(mine.begin(), mine.end());
+    std::vector<double> reach(mine.size());  // the latest end of the ranges up to each
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      reach[i] = std::max(mine[i].second, i ? reach[i - 1] : mine[i].second);
+    for (const auto& [ts, c] : list) {
+      const auto k = kernels.find(c);
+      if (k == kernels.end()) continue;
+      const auto before = std::upper_bound(mine.begin(), mine.end(),
+                                           std::pair<double, double>{ts, 1e300}) - mine.begin();
+      if (before > 0 && reach[static_cast<std::size_t>(before - 1)] >= ts) continue;  // inside
+      double limit = 1e300;
+      if (!steps.empty()) {
+        auto s = std::upper_bound(steps.begin(), steps.end(), std::pair<double, double>{ts, 1e300});
+        if (s == steps.begin() || std::prev(s)->second < ts) continue;  // outside every step
+        limit = std::prev(s)->second;
+      }
+      const auto next = std::lower_bound(ops.begin(), ops.end(),
+                                         std::pair<double, const std::string*>{ts, nullptr});
+      if (next == ops.end() || next->first > limit) continue;  // after the last op: the tail
+      us[*next->second] += k->second.us;
+      n[*next->second] += k->second.n;
+    }
+  }
+  for (const auto& [name, t] : us) {
+    const double occ = std::max(1, out.occurrences[name]);
+    out.code_gpu_ms[name] = t / 1000.0 / occ;
+    out.code_kernels[name] = n[name] / occ;
+  }
+}
+}  // namespace detail
+
 /// Reads the GPU and host time of every user range of a Chrome trace (`{"traceEvents": [...]}`
 /// or a bare event array). Where the trace has kernels (`cat` "kernel") with
 /// `args.correlation`, a range's time is the sum of the kernels whose launching runtime
@@ -190,7 +266,11 @@ inline void read_host_times(const std::vector<host_range>& ranges,
 /// several streams has one span per stream). Microseconds become milliseconds; several
 /// occurrences of a name are averaged. Host times per range and per iteration are read
 /// as described at trace_ranges::cpu_ms and host_ms.
-inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
+///
+/// Given the op graph, the kernels launched outside every range are also attributed to
+/// the op range that follows them (trace_ranges::code_gpu_ms): the code between the ops.
+inline trace_ranges read_trace_ranges(const nlohmann::json& trace,
+                                      const op_graph* graph = nullptr) {
   const nlohmann::json* events = &trace;
   if (trace.is_object()) {
     LOWBIT_EXPECTS(trace.contains("traceEvents"), "malformed trace: no \"traceEvents\" array");
@@ -315,6 +395,7 @@ inline trace_ranges read_trace_ranges(const nlohmann::json& trace) {
   out.kernels_per_iteration = n / std::max(iterations, 1);
   out.dispatch_gap_ms = detail::dispatch_gap_us(devices, launch_end) / 1000.0;
   out.iterations = iterations;
+  if (graph) detail::attribute_code(cpu_ranges, launches, kernels, *graph, out);
   read_host_times(cpu_ranges, syncs, activity, out);
   return out;
 }
@@ -328,8 +409,8 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
                                           const op_graph& graph,
                                           std::vector<std::string>* skipped = nullptr,
                                           measured_table table = {}) {
-  const trace_ranges r = read_trace_ranges(trace);
-  std::map<std::string, op_time> found;
+  const trace_ranges r = read_trace_ranges(trace, &graph);
+  std::map<std::string, op_time> found, code;
   for (const auto& [name, ms] : r.gpu_ms) {
     const auto [base, bwd] = detail::op_of_range(name);
     if (!graph.find(base)) {
@@ -338,19 +419,24 @@ inline measured_table measured_from_trace(const nlohmann::json& trace, precision
     }
     auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
     (bwd ? it->second.backward_ms : it->second.forward_ms) = r.busy_ms(name);
+    auto c = code.emplace(base, op_time{0.0, 0.0}).first;
+    (bwd ? c->second.backward_ms : c->second.forward_ms) = r.code_busy_ms(name);
   }
   for (const auto& [name, t] : found) table.set(name, p, t);
+  for (const auto& [name, t] : code) table.set_code(name, p, t);
   return table;
 }
 
 /// GPU time per iteration (kernels and their dispatch gaps) that no op of `graph`
-/// launched (the optimizer step, gradient accumulation, casts outside every op), ms:
-/// what a replay of the ops alone leaves out. Assumes the ops' ranges do not nest.
+/// launched (the optimizer step, gradient accumulation, casts outside every op) and that
+/// is not the code between the ops attributed to the range after it (code_gpu_ms, where
+/// `r` was read with the graph), ms: what a replay of the ops and that code leaves out.
+/// Assumes the ops' ranges do not nest.
 inline double tail_ms(const trace_ranges& r, const op_graph& graph) {
   double ops = 0;
   for (const auto& [name, ms] : r.gpu_ms)
     if (graph.find(detail::op_of_range(name).first))
-      ops += r.busy_ms(name) * r.occurrences.at(name);
+      ops += (r.busy_ms(name) + r.code_busy_ms(name)) * r.occurrences.at(name);
   ops /= std::max(r.iterations, 1);
   return std::max(0.0, r.kernel_ms + r.kernels_per_iteration * r.dispatch_gap_ms - ops);
 }
@@ -391,7 +477,7 @@ inline std::vector<std::string> add_profile(measured_table& table, const nlohman
                                             const nlohmann::json* plain = nullptr) {
   std::vector<std::string> skipped;
   table = measured_from_trace(trace, p, graph, &skipped, std::move(table));
-  const trace_ranges r = read_trace_ranges(trace);
+  const trace_ranges r = read_trace_ranges(trace, &graph);
   const double iterations = std::max(r.iterations, 1);
   std::vector<std::pair<double, double>> xw;  // op ranges' host time, per-iteration count
   double ops_host = 0;

@@ -1,0 +1,136 @@
+"""Torch-free tests of validate.py's zoo mode (cases, parts, the zoo CSV, failures) and
+of scripts/qsync-zoo-table (the table generated from a zoo CSV), on a hand-made CSV
+fixture (tests/qsync/data/zoo_fixture.csv: made-up figures, not a measurement)."""
+
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from qsync import validate as v
+from qsync import zoo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
+SCRIPT = os.path.join(REPO, "scripts", "qsync-zoo-table")
+FIXTURE = os.path.join(HERE, "data", "zoo_fixture.csv")
+
+
+def write_csv(path, fields, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+class ZooCases(unittest.TestCase):
+    def test_every_model_twice_and_the_parts_split_it(self):
+        every = v.zoo_cases()
+        self.assertEqual(len(every), 2 * len(zoo.CASES))
+        one, two = v.zoo_cases((1, 2)), v.zoo_cases((2, 2))
+        self.assertEqual(set(one) | set(two), set(every))
+        self.assertFalse(set(one) & set(two))
+        for spec in every.values():  # a model's two cases in one part
+            self.assertEqual(spec["zoo"] + "-b%d" % spec["batch"] in one,
+                             any(s["zoo"] == spec["zoo"] for s in one.values()))
+        self.assertEqual(every["hf-gpt2-b8"]["regime"], "gpu")
+        self.assertEqual(every["hf-gpt2-b1"]["iters"], v.ZOO_EFFORT["host"]["iters"])
+
+    def test_arguments(self):
+        a = v.parse_args(["--out", "x", "--zoo", "--part", "2/2"])
+        self.assertEqual(a.part, (2, 2))
+        self.assertEqual(set(a.cases.split(",")), set(v.zoo_cases((2, 2))))
+        with self.assertRaises(SystemExit):
+            v.parse_args(["--out", "x", "--zoo", "--part", "3/2"])
+        with self.assertRaises(SystemExit):
+            v.parse_args(["--out", "x", "--zoo", "--cases", "cnn-b256"])
+
+    def test_seven_plans_with_the_allocators_two(self):
+        self.assertEqual([k for k, _ in v.ALLOC_SLACKS], ["alloc-5pct", "alloc-15pct"])
+
+
+class ZooCsv(unittest.TestCase):
+    def test_rows_targets_and_failures(self):
+        with tempfile.TemporaryDirectory() as out:
+            v.qm.write_json(os.path.join(out, "env.json"), {
+                "gpu": "Fixture GPU", "torch": "0.0", "date": "2000-01-01", "commit": "abc"})
+            base = {"iters": "10", "iter_ms_mean": "", "iter_ms_min": "", "iter_ms_max": "",
+                    "plan_summary": ""}
+            measured = [
+                dict(base, case="m-b64/bf16", model="m-b64", plan="bf16", batch="64",
+                     iter_ms_median="20.0", peak_gib="2.0", host_ms_median="5.0",
+                     zoo_model="m", regime="gpu"),
+                dict(base, case="m-b1/bf16", model="m-b1", plan="bf16", batch="1",
+                     iter_ms_median="10.0", peak_gib="1.0", host_ms_median="9.5",
+                     zoo_model="m", regime="host"),
+                dict(base, case="m-b1/fp32", model="m-b1", plan="fp32", batch="1",
+                     iter_ms_median="10.0", peak_gib="1.0", host_ms_median="9.5",
+                     zoo_model="m", regime="host")]
+            predicted = {"m-b64/bf16": {"iteration_ms": 21.5, "memory_gib": 2.1},
+                         "m-b1/bf16": {"iteration_ms": 11.2, "memory_gib": 1.0}}
+            rows = v.qm.validation_rows(predicted, measured)
+            v.write_failures(out, [{"case": "x-b8", "model": "x", "batch": 8,
+                                    "stage": "export", "error": "RuntimeError: boom"}])
+            path = v.write_zoo_csv(out, measured, rows, {"m-b1/fp32": "lowbit-plan failed"})
+            with open(path) as f:
+                got = list(csv.DictReader(f))
+        self.assertEqual([r["model"] for r in got], ["m", "m", "m", "x"])
+        gpu, host, unpredicted, failed = got
+        self.assertEqual(gpu["bound"], "gpu")  # host 5 of 20 ms
+        self.assertEqual(gpu["within_target"], "no (time)")  # +7.5% > 5%
+        self.assertEqual(host["bound"], "host")  # host 9.5 of 10 ms
+        self.assertEqual(host["within_target"], "yes")  # +12% <= 15%
+        self.assertEqual(host["time_error"], "+12.00")
+        self.assertTrue(unpredicted["within_target"].startswith("failed (predict)"))
+        self.assertEqual(failed["within_target"], "failed (export): RuntimeError: boom")
+        self.assertEqual((gpu["date"], gpu["commit"], gpu["hardware"]),
+                         ("2000-01-01", "abc", "Fixture GPU, torch 0.0"))
+
+
+class ZooTable(unittest.TestCase):
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True,
+                              text=True)
+
+    def test_table_from_the_fixture_and_check(self):
+        with tempfile.TemporaryDirectory() as d:
+            merged = os.path.join(d, "zoo.csv")
+            part = os.path.join(d, "part.csv")
+            with open(FIXTURE) as f:
+                lines = f.read().splitlines()
+            with open(part, "w") as f:  # the last row as a second part
+                f.write("\n".join([lines[0], lines[-1]]) + "\n")
+            with open(os.path.join(d, "first.csv"), "w") as f:
+                f.write("\n".join(lines[:-1]) + "\n")
+            r = self.run_script("--merge", os.path.join(d, "first.csv"), part, "-o", merged)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            doc = os.path.join(d, "doc.md")
+            with open(doc, "w") as f:
+                f.write("before\n<!-- zoo-table: zoo.csv -->\nstale\n<!-- end zoo-table -->\nafter\n")
+            self.assertEqual(self.run_script("--check", doc).returncode, 1)
+            self.assertEqual(self.run_script(doc).returncode, 0)
+            self.assertEqual(self.run_script("--check", doc).returncode, 0)
+            with open(doc) as f:
+                text = f.read()
+        self.assertIn("| fixture-net | 64 | gpu | bf16 | 30.00 | 27.00 | +11.1 | 5% | 3.00 | "
+                      "3.00 | +0.0 | no (time) |", text)
+        self.assertIn("| fixture-net | 1 | host | bf16 | 12.00 | 11.00 | +9.1 | 15% |", text)
+        self.assertIn("Time within target on 2 of 3 rows", text)
+        self.assertIn("memory within 10% on 2 of 3", text)
+        self.assertIn("Worst time: fixture-net batch 64 bf16, +11.1%.", text)
+        self.assertIn("fixture-broken batch 8: failed (export): RuntimeError: fixture", text)
+        self.assertTrue(text.startswith("before\n") and text.endswith("after\n"))
+
+    def test_a_missing_column_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = os.path.join(d, "bad.csv")
+            write_csv(bad, ["model"], [{"model": "x"}])
+            r = self.run_script("--merge", bad, "-o", os.path.join(d, "o.csv"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("missing column", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
