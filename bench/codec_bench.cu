@@ -14,14 +14,26 @@
 // in the same run (2 * size bytes per copy). Inputs rotate over disjoint regions of a
 // 1 GiB buffer so that small sizes are not served from L2 run after run.
 //
-// Flags: Google Benchmark's own (--benchmark_filter, --benchmark_out=...). At the end a
-// summary table is printed: op, type, bits, size, GB/s, copy GB/s, ratio, target.
+// reduce_pP (P = 2, 4, 8) is the one-shot fused reduce, kernels::decode_accumulate: P
+// frames read, summed in fp32, count*sizeof(T) written (GB/s counts both).
+// hdr_cost_* rows are derived: the _hdr row's GB/s over the _slot row's, same op and size.
+//
+// Flags: Google Benchmark's own (--benchmark_filter, --benchmark_out=...), and
+//   --summary_csv=PATH   also write the summary as CSV (op, type, bits, size_bytes, GB/s,
+//                        copy_GB/s, ratio, target, date, commit): scripts/codec-table turns
+//                        a committed one under docs/perf/ into docs/performance.md's table
+//   --commit=REV         the commit column (default: $LOWBIT_COMMIT, else "unknown")
+// At the end a summary table is printed: op, type, bits, size, GB/s, copy GB/s, ratio,
+// target and met/MISSED. Targets are issue 33's (ratio to the copy, rows >= 64 MiB):
+// target_of() below.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <string>
@@ -252,6 +264,54 @@ void register_codec(const char* tname, std::size_t size, bool sr_only) {
       ->Unit(benchmark::kMicrosecond);
 }
 
+/// The one-shot fused reduce: kernels::decode_accumulate of P frames into T (the
+/// reduce_scatter half, and a one-shot all-reduce's whole reduction), P = 2, 4, 8.
+template <class Codec, class T>
+void register_fused_reduce(const char* tname, std::size_t size) {
+  using decoder = lowbit::codec<typename Codec::quantizer_type>;
+  const std::size_t count = size / sizeof(T);
+  const std::size_t fbytes = lowbit::align16(Codec::frame_bytes(count));
+  for (int P : {2, 4, 8}) {
+    // P frames per set; rotate over as many sets as fit (at least one: the buffer holds 6
+    // 8-bit frames of 1 GiB of fp32, so 8 frames fit up to 4 bits, or below 1 GiB).
+    if (static_cast<std::size_t>(P) * fbytes > bufs().frames_bytes) continue;
+    const std::string op = "reduce_p" + std::to_string(P);
+    const std::string name = op + "/" + tname + "/b" + std::to_string(Codec::bits) + "/" +
+                             std::to_string(size / MiB) + "MiB";
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [=](benchmark::State& st) {
+          auto& b = bufs();
+          const std::size_t set = static_cast<std::size_t>(P) * fbytes;
+          const std::size_t r = std::max<std::size_t>(
+              1, std::min<std::size_t>(regions(size, max_bytes), b.frames_bytes / set));
+          for (std::size_t k = 0; k < r; ++k)
+            for (int p = 0; p < P; ++p)
+              lowbit::kernels::encode<Codec>(
+                  input<T>(0), count, b.frames + k * set + static_cast<std::size_t>(p) * fbytes,
+                  lowbit::rng_key{0, 0, static_cast<std::uint32_t>(p), 0}, 0,
+                  lowbit::feedback::none_ref{}, nullptr);
+          const double bytes =
+              static_cast<double>(P) * static_cast<double>(Codec::frame_bytes(count)) +
+              static_cast<double>(size);
+          const double copy = copy_gbps(size);
+          run_timed(st, bytes, copy, [&](std::size_t i) {
+            const std::size_t k = i % r;
+            lowbit::kernels::decode_accumulate<decoder>(
+                b.frames + k * set, fbytes, P, count,
+                reinterpret_cast<T*>(static_cast<char*>(b.out) +
+                                     (i % regions(size, max_bytes)) * size),
+                1.0f, nullptr);
+          });
+          rows().push_back(
+              {op, tname, Codec::bits, size, st.counters["GB/s"], copy, st.counters["ratio"]});
+        })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
 /// The header every frame of a 2-rank call carries, from rank `rank`.
 lowbit::detail::frame_header bench_header(std::uint32_t rank, std::size_t count) {
   lowbit::detail::frame_header h;
@@ -361,6 +421,8 @@ void register_type(const char* tname, std::size_t size) {
   register_codec<absmax4_sr, T>(tname, size, true);
   register_with_headers<absmax_nearest<4>, T>(tname, size, false);
   register_with_headers<absmax_nearest<4>, T>(tname, size, true);
+  register_fused_reduce<absmax_nearest<4>, T>(tname, size);
+  register_fused_reduce<absmax_nearest<8>, T>(tname, size);
 }
 
 /// Launch-policy sweep at one size: the same passes under other CTA sizes and grid
@@ -435,15 +497,92 @@ void register_policy_sweep(const char* tname, std::size_t size) {
   }
 }
 
-const char* target_note(const row& r) {
-  if (r.size < 64 * MiB) return "";
-  const double target = r.op.rfind("dae_p2", 0) == 0 ? 0.70 : 0.80;
-  return r.ratio >= target ? "met" : "MISSED";
+/// Issue 33's target for a row: the least ratio to the copy, or a negative number for a row
+/// without one. Targets hold from 64 MiB up (smaller sizes are launch- and tail-bound).
+///   encode, nearest, fp32/bf16, 4 and 8 bits        >= 0.95
+///   encode, stochastic (encode_sr), 4 bits          >= 0.90
+///   decode (plain, _slot and _hdr: the header check) >= 0.92
+///   decode-accumulate-encode P = 2 (frame bytes)    >= 0.60 at 4 bits, 0.75 at 8
+///   header check cost: hdr_cost_* (_hdr over _slot)  >= 0.99 (a cost <= 1%)
+///   fused reduce reduce_pP (not in the issue's table: the decode kernel summing P frames;
+///   held to the decode's bar less the check's 1% and a point, until measured) >= 0.90
+double target_of(const row& r) {
+  if (r.size < 64 * MiB) return -1.0;
+  const auto is = [&](const char* prefix) { return r.op.rfind(prefix, 0) == 0; };
+  if (r.op == "encode") return r.bits == 4 || r.bits == 8 ? 0.95 : -1.0;
+  if (r.op == "encode_sr") return r.bits == 4 ? 0.90 : -1.0;
+  if (is("hdr_cost")) return 0.99;
+  if (is("decode")) return 0.92;
+  if (is("dae_p2")) return r.bits == 4 ? 0.60 : r.bits == 8 ? 0.75 : -1.0;
+  if (is("reduce_p")) return 0.90;
+  return -1.0;
+}
+
+const char* verdict(const row& r) {
+  const double t = target_of(r);
+  if (t < 0) return "";
+  return r.ratio >= t ? "met" : "MISSED";
+}
+
+/// hdr_cost_decode and hdr_cost_dae_p2 rows: the _hdr row's GB/s over the _slot row's.
+void add_header_cost_rows() {
+  std::vector<row> extra;
+  for (const row& h : rows().rows) {
+    const auto at = h.op.find("_hdr");
+    if (at == std::string::npos) continue;
+    const std::string base = h.op.substr(0, at);
+    for (const row& sl : rows().rows)
+      if (sl.op == base + "_slot" && sl.type == h.type && sl.bits == h.bits && sl.size == h.size &&
+          sl.gbps > 0)
+        extra.push_back({"hdr_cost_" + base, h.type, h.bits, h.size, h.gbps, sl.gbps,
+                         h.gbps / sl.gbps});
+  }
+  for (const row& r : extra) rows().push_back(r);
+}
+
+/// Removes `--name=value` from argv and returns value ("" when absent).
+std::string take_flag(int& argc, char** argv, const char* name) {
+  const std::string prefix = std::string("--") + name + "=";
+  std::string value;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
+      value = argv[i] + prefix.size();
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return value;
+}
+
+void write_csv(const std::string& path, const std::string& commit) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "codec_bench: cannot write %s\n", path.c_str());
+    return;
+  }
+  char date[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::fprintf(f, "op,type,bits,size_bytes,GB/s,copy_GB/s,ratio,target,date,commit\n");
+  for (const row& r : rows().rows) {
+    const double t = target_of(r);
+    char target[16] = "";
+    if (t >= 0) std::snprintf(target, sizeof target, "%.2f", t);
+    std::fprintf(f, "%s,%s,%d,%zu,%.1f,%.1f,%.3f,%s,%s,%s\n", r.op.c_str(), r.type.c_str(), r.bits,
+                 r.size, r.gbps, r.copy, r.ratio, target, date, commit.c_str());
+  }
+  std::fclose(f);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string csv_path = take_flag(argc, argv, "summary_csv");
+  std::string commit = take_flag(argc, argv, "commit");
+  if (commit.empty()) commit = std::getenv("LOWBIT_COMMIT") ? std::getenv("LOWBIT_COMMIT") : "";
+  if (commit.empty()) commit = "unknown";
   auto& b = bufs();
   BENCH_CUDA(cudaMalloc(&b.in, max_bytes));
   BENCH_CUDA(cudaMalloc(&b.out, max_bytes));
@@ -492,11 +631,17 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
-  std::printf("\n%-10s %-5s %4s %9s %10s %10s %7s %s\n", "op", "type", "bits", "size", "GB/s",
-              "copy GB/s", "ratio", "target(>=64MiB)");
-  for (const row& r : rows().rows)
-    std::printf("%-10s %-5s %4d %6zuMiB %10.1f %10.1f %7.3f %s\n", r.op.c_str(), r.type.c_str(),
-                r.bits, r.size / MiB, r.gbps, r.copy, r.ratio, target_note(r));
+  add_header_cost_rows();
+  std::printf("\n%-15s %-5s %4s %9s %10s %10s %7s %6s %s\n", "op", "type", "bits", "size", "GB/s",
+              "copy GB/s", "ratio", "target", "(>=64MiB)");
+  for (const row& r : rows().rows) {
+    const double t = target_of(r);
+    char target[16] = "";
+    if (t >= 0) std::snprintf(target, sizeof target, "%.2f", t);
+    std::printf("%-15s %-5s %4d %6zuMiB %10.1f %10.1f %7.3f %6s %s\n", r.op.c_str(),
+                r.type.c_str(), r.bits, r.size / MiB, r.gbps, r.copy, r.ratio, target, verdict(r));
+  }
+  if (!csv_path.empty()) write_csv(csv_path, commit);
   cudaFree(b.in);
   cudaFree(b.in_bf16);
   cudaFree(b.out);

@@ -267,6 +267,51 @@ TEST_CASE("a reduce whose inputs disagree writes a poisoned header and nothing e
   }
 }
 
+// The kernels judge the headers once per CTA (warp 0) and hand the verdict to the CTA's
+// other warps: with many CTAs of many warps, every warp of every CTA must write (all agree)
+// or none (one disagrees), and the frame and values must be the host's.
+TEST_CASE("many CTAs of many warps take warp 0's verdict", "[sanitize]") {
+  const std::size_t n = (std::size_t{1} << 20) + 1000;  // over a thousand decode tiles
+  slots s(n);
+  mapped_record rec;
+  const frame_header want = call_header(0, n);
+  const std::size_t fb = C::frame_bytes(n);
+  device_array<float> out(n);
+  device_array<std::byte> out_slot(H + fb);
+  const auto run = [&] {
+    out.poison();
+    out_slot.poison();
+    *rec.r = kernels::header_mismatch{};
+    kernels::decode_accumulate<C>(s.frame(0), s.stride, P, n, out.data(), 1.0f, nullptr,
+                                  s.check(want, rec.r));
+    KT_CUDA(cudaDeviceSynchronize());
+    kernels::decode_accumulate_encode<C>(s.frame(0), s.stride, P, n, out_slot.data() + H,
+                                         rng_key{}, 0, lowbit::feedback::none_ref{}, nullptr,
+                                         nullptr, {s.check(want, rec.r), {out_slot.data(), want}});
+    KT_CUDA(cudaDeviceSynchronize());
+  };
+  SECTION("all agree") {
+    run();
+    std::vector<float> acc(n), sum(n);
+    host::sum_frames<C>(s.host.data() + H, s.stride, P, span<float>(sum.data(), n));
+    REQUIRE(out.download(n) == sum);
+    test::host_frame ref(fb);
+    host::decode_accumulate_encode<C>(s.host.data() + H, s.stride, P, span<float>(acc.data(), n),
+                                      span<std::byte>(ref.data(), fb));
+    const std::vector<std::byte> got = out_slot.download(H + fb);
+    REQUIRE(std::memcmp(got.data() + H, ref.data(), fb) == 0);
+    REQUIRE(rec.r->ready == 0);
+  }
+  SECTION("frame 2's step differs") {
+    s.edit_header(2, cases[6].edit);
+    run();
+    REQUIRE(untouched(out, n));
+    const std::vector<std::byte> got = out_slot.download(H + fb);
+    REQUIRE(all_poison(std::vector<std::byte>(got.begin() + H, got.end())));
+    require_recorded(*rec.r, cases[6]);
+  }
+}
+
 TEST_CASE("an empty frame's header is poisoned when the headers it answers disagree") {
   slots s(100);
   mapped_record rec;

@@ -145,12 +145,22 @@ struct absmax {
   }
 
   /// The value code stands for.
+  ///
+  /// The level's position q (+ 1/2 on the full grid) is formed exactly without an
+  /// int-to-float conversion (a quarter-rate instruction on the GPU): on the full grid the
+  /// float with bits level_bits + 2 code + 1 is 2^22 + code + 1/2 (floats in [2^22, 2^23)
+  /// are 1/2 apart), and subtracting 2^22 + half_levels leaves q + 1/2 exactly, one
+  /// integer operation (fused with the unpacking shift) and one addition where float_of
+  /// and + 1/2 took two additions. Exact either way, so the bits are those of
+  /// fmul(q + 1/2, step).
   LOWBIT_HD static float dequantize(std::uint32_t code, const meta_type& m) {
-    const float q = detail::float_of(static_cast<int>(code) - half_levels);
     if constexpr (zero_grid) {
-      return detail::fmul(q, m.step);
+      return detail::fmul(detail::float_of(static_cast<int>(code) - half_levels), m.step);
     } else {
-      return detail::fmul(detail::fadd(q, 0.5f), m.step);
+      constexpr std::uint32_t level_bits = 0x4a800001u;  // 2^22 + 1/2
+      constexpr float level_base = 4194304.0f + static_cast<float>(half_levels);
+      return detail::fmul(detail::fsub(detail::bits_float(level_bits | (code << 1)), level_base),
+                          m.step);
     }
   }
 

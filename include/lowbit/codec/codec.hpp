@@ -68,13 +68,14 @@ struct codec {
                                        const params_type& p, const rng_key& key,
                                        std::uint64_t index0, std::uint32_t (&codes)[group_size]) {
     if constexpr (Rounding::needs_noise) {
+      constexpr int D = rng_key::values_per_draw;
       LOWBIT_UNROLL
-      for (int k = 0; k < group_size / 8; ++k) {
-        const philox_block r = key.draw(index0 / 8 + k);
+      for (int k = 0; k < group_size / D; ++k) {
+        const philox_block r = key.draw(index0 / D + k);
         LOWBIT_UNROLL
-        for (int m = 0; m < 8; ++m) {
-          const int i = 8 * k + m;
-          const std::uint32_t noise = (r.w[m / 2] >> (16 * (m % 2))) & 0xffffu;
+        for (int m = 0; m < D; ++m) {
+          const int i = D * k + m;
+          const std::uint32_t noise = rng_key::noise16(r, m);
           codes[i] = i < valid ? Quantizer::template quantize<Rounding>(x[i], p, noise) : 0u;
         }
       }

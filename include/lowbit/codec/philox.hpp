@@ -45,20 +45,35 @@ LOWBIT_HD philox_block philox4x32(philox_block ctr, std::uint32_t k0, std::uint3
 
 /// What keys one stream of rounding noise: the run's seed, the training step, the
 /// encoding rank and the stage (stage 0 quantizes inputs, stage 1 the reduced shard).
-/// Element `i` of a tensor draws from counter (i / 8, stage, step, rank), so results do
-/// not depend on thread layout, chunking or the backend.
+/// Element `i` of a tensor draws byte i % 16 of the counter (i / 16, stage, step, rank)'s
+/// output, so results do not depend on thread layout, chunking or the backend.
 struct rng_key {
   std::uint64_t seed = 0;
   std::uint32_t step = 0;
   std::uint32_t rank = 0;
   std::uint32_t stage = 0;
 
-  /// 128 random bits shared by elements [8*j, 8*j + 8): 16 bits each.
+  /// Elements sharing one Philox call: 128 bits, 8 bits each.
+  static constexpr int values_per_draw = 16;
+
+  /// 128 random bits shared by elements [16*j, 16*j + 16).
   LOWBIT_HD philox_block draw(std::uint64_t j) const {
     const philox_block ctr{{static_cast<std::uint32_t>(j),
                             static_cast<std::uint32_t>(j >> 32) ^ (stage << 24), step, rank}};
     return philox4x32(ctr, static_cast<std::uint32_t>(seed),
                       static_cast<std::uint32_t>(seed >> 32));
+  }
+
+  /// The rounding noise of element m (0..15) of a draw, as the 16-bit value the rounding
+  /// policies take: byte m of the 128 bits (little-endian words) in the high half, and
+  /// 0x80, half of the low half's range, below it. Noise u = (n + 1/2) / 2^8 for n uniform
+  /// in 0..255: stochastic rounding then rounds up with probability round(2^8 f) / 2^8 for
+  /// a position whose fraction above its floor is f (taken in 2^-16 steps, ties down), which
+  /// is within 2^-9 of f either way and exact at multiples of 2^-8 (see round::stochastic).
+  /// Eight bits a value let one Philox call serve 16 values, half the generator's
+  /// instructions of 16-bit draws.
+  LOWBIT_HD static std::uint32_t noise16(const philox_block& r, int m) {
+    return (((r.w[m / 4] >> (8 * (m % 4))) & 0xffu) << 8) | 0x80u;
   }
 };
 

@@ -46,6 +46,18 @@ struct nearest {
 /// below the 16-bit fraction c mod 2^16. The expected value is c / 2^16, within 2^-16 of
 /// a step above t; integers never move. The noise comes from Philox keyed by (seed,
 /// step, rank, element index).
+///
+/// The codec draws 8 random bits a value (rng_key::noise16: noise16 = 256 n + 128, n
+/// uniform in 0..255), so that one Philox call serves 16 values. With that noise the
+/// round-up probability is round(2^8 f) / 2^8 (f = (c mod 2^16) / 2^16, ties down): the
+/// expected value is within 2^-9 of a step of c / 2^16, above or below it by the
+/// position's place inside its 2^-8-wide cell, so the error averages out over positions
+/// spread across a cell instead of always leaning up, as a draw of fewer bits taken as
+/// the top of a 16-bit noise (n * 256) would (bias up to 2^-8, always upward). The
+/// variance grows by at most 2^-18 of a step squared. Against the up to 1/4 step squared
+/// that stochastic rounding itself adds, and an fp32 or bf16 input whose own spacing at
+/// the grid's ends is 2^-7 to 2^-16 of a step, 8 bits are the resolution the
+/// quantizers need; the function below takes any 16-bit noise.
 struct stochastic {
   static constexpr bool needs_noise = true;
   static constexpr const char* name = "stochastic";

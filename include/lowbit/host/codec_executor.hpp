@@ -176,12 +176,12 @@ inline constexpr bool has_fast_quantize_v =
     (std::is_same_v<typename Codec::rounding_type, round::nearest> ||
      std::is_same_v<typename Codec::rounding_type, round::stochastic>);
 
-/// The 16-bit noise of elements [8 * j0, 8 * (j0 + N)): noise[8k + m] is what
-/// codec::quantize_group takes from key.draw(j0 + k) for element m. philox4x32<10>'s
+/// The 16-bit noise of elements [16 * j0, 16 * (j0 + N)): noise[16k + m] is what
+/// codec::quantize_group takes from key.draw(j0 + k) for element m (rng_key::noise16). philox4x32<10>'s
 /// rounds, the same operations in the same order, on two counters at a time: the two
 /// chains of multiplies overlap, and both states stay in registers.
 template <int N>
-void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[8 * N]) {
+void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[16 * N]) {
   static_assert(N % 2 == 0, "lowbit::host: noise comes in pairs of Philox blocks");
   constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
   constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
@@ -198,7 +198,7 @@ void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[8 * N
                          key.rank}};
   };
   auto spread = [&](const philox_block& r, int k) {
-    for (int m = 0; m < 8; ++m) noise[8 * k + m] = (r.w[m / 2] >> (16 * (m % 2))) & 0xffffu;
+    for (int m = 0; m < 16; ++m) noise[16 * k + m] = rng_key::noise16(r, m);
   };
   for (int k = 0; k < N; k += 2) {
     philox_block a = counter(j0 + static_cast<std::uint64_t>(k));
@@ -313,7 +313,7 @@ void encode_blocks(const T* x, std::size_t count, std::byte* frame, const rng_ke
       if (!params.divide) {
         fast = true;
         std::uint32_t noise[B];
-        if constexpr (R::needs_noise) noise_of<B / 8>(key, (index0 + first) / 8, noise);
+        if constexpr (R::needs_noise) noise_of<B / 16>(key, (index0 + first) / 16, noise);
         quantize_scaled<Q, R, B>(c, params, noise, codes);
         for (int i = 0; i < B; ++i) codes[i] = i < n ? codes[i] : 0u;
       }

@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   const std::size_t groups = (count + 31) / 32;
   const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
   const std::size_t codes_offset = Codec::codes_offset(count);
-  // Judged before the warp's first store: a stranger's frame leaves the output untouched.
-  const header_probe probe(check);
+  // Judged before the warp's first store, once per CTA: a stranger's frame leaves the
+  // output untouched.
+  __shared__ unsigned verdict;
+  const cta_header_probe probe(check, &verdict);
 
   for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, groups);

@@ -3,9 +3,10 @@
 // collective whose ranks disagree (another count, width, codec, step or call) leaves its
 // output untouched and says so, without a host round trip inside the call.
 //
-// A kernel given a header_check reads the `count` headers in every warp (a word a lane, from
-// L2 after the first reads, the load issued at the top and judged before the warp's first
-// store), and every warp decides alike: all agree, or none writes. The first
+// A kernel given a header_check reads the `count` headers once per CTA (warp 0: a word a
+// lane, from L2 after the first reads, the load issued at the top and judged before the
+// warp's first store; the other warps take its verdict from shared memory before theirs),
+// and every CTA decides alike: all agree, or none writes. The first
 // disagreement found is recorded in a header_mismatch that the host reads (mapped pinned
 // memory on the collectives' backend) after the stream has run. A kernel given a
 // header_stamp writes that header in front of its frame, flagged `poisoned` by a reduce
@@ -92,9 +93,11 @@ __device__ __forceinline__ void record_mismatch(header_mismatch* r, int from,
 /// load's latency hides behind the warp's first tile instead of delaying it.
 class header_probe {
  public:
-  __device__ __forceinline__ explicit header_probe(const header_check& c) {
+  /// `load` false: the probe of a warp that will not judge (cta_header_probe's warps past
+  /// the first), which loads nothing.
+  __device__ __forceinline__ explicit header_probe(const header_check& c, bool load = true) {
     const int l = lane();
-    if (l < 8 * c.count) word_ = load_word(c, l);
+    if (load && l < 8 * c.count) word_ = load_word(c, l);
   }
 
   /// True when every header agrees with its call. Every lane of the warp must call it (it
@@ -128,9 +131,13 @@ class header_probe {
       0xffffu | (static_cast<std::uint32_t>(lowbit::detail::poisoned) << 16);
 
   static __device__ __forceinline__ int lane() { return static_cast<int>(threadIdx.x % 32); }
+  /// Through the read-only (non-coherent) path: headers are written before the kernel that
+  /// checks them starts (by an earlier kernel, a copy or a peer's stores ordered by the
+  /// stream) and never during it.
   static __device__ __forceinline__ std::uint32_t load_word(const header_check& c, int i) {
-    return reinterpret_cast<const std::uint32_t*>(c.first + static_cast<std::size_t>(i / 8) *
-                                                                c.stride)[i % 8];
+    return __ldg(reinterpret_cast<const unsigned int*>(c.first + static_cast<std::size_t>(i / 8) *
+                                                                     c.stride) +
+                 i % 8);
   }
   /// Word k of the header frame p of the call `want` must carry.
   static __device__ __forceinline__ std::uint32_t expected(const lowbit::detail::frame_header& want,
@@ -161,6 +168,51 @@ static_assert(offsetof(lowbit::detail::frame_header, bits) == 24 &&
                   offsetof(lowbit::detail::frame_header, flags) == 26 &&
                   offsetof(lowbit::detail::frame_header, rank) == 28,
               "header_probe reads frame_header as eight little-endian words");
+
+/// A CTA's check of the headers `c` names: warp 0 probes them (header_probe: its load issued
+/// at the top, judged where it first writes) and hands its verdict to the CTA's other warps
+/// through a word of shared memory, which they read where they first write. A grid of tens
+/// of thousands of warps (one or two tiles each at the sizes a collective sends) then loads
+/// and compares the headers once per CTA, not once per warp: the other warps carry no header
+/// word in a register and run no comparison, shuffle tree or vote.
+///
+/// Every thread of the CTA must construct it, at the top of the kernel (it ends in
+/// __syncthreads when there is something to check). A warp that calls agree() before warp 0
+/// has judged waits for the verdict (warps of a CTA are resident together, so warp 0 makes
+/// progress): warp 0 must itself call agree(), which the codec kernels guarantee by sizing
+/// the grid so that warp 0 of every CTA has a tile (grid_size: at most
+/// ceil(tiles / warps per CTA) CTAs), and calling it in their first tile.
+class cta_header_probe {
+ public:
+  __device__ __forceinline__ cta_header_probe(const header_check& c, unsigned* verdict)
+      : probe_(c, threadIdx.x < 32), verdict_(verdict) {
+    if (c.count == 0) return;  // uniform across the grid
+    if (threadIdx.x == 0) *verdict_ = pending;
+    __syncthreads();
+  }
+
+  /// True when every header agrees with its call; every lane of a warp must call it (warp 0
+  /// ends in a warp vote), and every warp of the grid gets the same answer.
+  __device__ __forceinline__ bool agree(const header_check& c) const {
+    if (c.count == 0) return true;
+    if (threadIdx.x < 32) {
+      const bool ok = probe_.agree(c);
+      if (threadIdx.x == 0) atomicExch(verdict_, ok ? agreed : refused);
+      return ok;
+    }
+    // Shared-memory atomics, not volatile accesses: the hand-off is then no data race for
+    // compute-sanitizer's racecheck, and costs a few cycles once per warp.
+    unsigned v;
+    while ((v = atomicOr(verdict_, 0u)) == pending) {
+    }
+    return v == agreed;
+  }
+
+ private:
+  static constexpr unsigned pending = 0u, agreed = 1u, refused = 2u;
+  header_probe probe_;
+  unsigned* verdict_;
+};
 
 /// header_probe(c).agree(c): for kernels with nothing to overlap the check with.
 __device__ __forceinline__ bool frames_agree(const header_check& c) {

@@ -51,10 +51,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
   const codec_walk<Codec, layout> w(count);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
-  // Nothing is written before the headers are judged, in each warp's first tile: frames
-  // that disagree yield a poisoned header and no data. Warp 0 of CTA 0 always has a tile
-  // (count > 0), so it writes the output's header and the meta padding.
-  const header_probe probe(fr.check);
+  // Nothing is written before the headers are judged (once per CTA, by warp 0; the other
+  // warps take its verdict in their first tile): frames that disagree yield a poisoned
+  // header and no data. Warp 0 of every CTA has a tile (count > 0), so warp 0 of CTA 0
+  // writes the output's header and the meta padding.
+  __shared__ unsigned verdict;
+  const cta_header_probe probe(fr.check, &verdict);
   const auto verify = [&] {
     const bool agree = probe.agree(fr.check);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -72,16 +74,32 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
     LOWBIT_UNROLL
     for (int i = 0; i < 32; ++i) c[i] = 0.0f;
     if (t.live) {
-      const std::byte* f = frames;
-      for (int p = 0; p < num_frames; ++p, f += frame_stride) {
-        std::uint32_t words[Codec::bits];
-        load_words<Codec::bits>(f + w.codes_offset + t.group * Codec::group_bytes, words);
-        const meta_type m = load_meta<meta_type>(f, t.block);
+      // Frame p + 1's group is loaded before frame p's is decoded (up to 8 bits: wider
+      // codes would spill under the cap of 128 registers), so a lane keeps two loads in
+      // flight: with one, a CTA of 4 warps has 2 KiB of 4-bit codes in flight, and the
+      // frames' reads wait on latency, not bandwidth.
+      constexpr bool prefetch = Codec::bits <= 8;
+      packed_group<Codec> cur, next;
+      cur.load(frames, w.codes_offset, t.group);
+      if constexpr (prefetch)
+        if (num_frames > 1) next.load(frames + frame_stride, w.codes_offset, t.group);
+      for (int p = 0; p < num_frames; ++p) {
+        if (p > 0) {
+          if constexpr (prefetch) {
+            cur = next;
+            if (p + 1 < num_frames)
+              next.load(frames + static_cast<std::size_t>(p + 1) * frame_stride, w.codes_offset,
+                        t.group);
+          } else {
+            cur.load(frames + static_cast<std::size_t>(p) * frame_stride, w.codes_offset,
+                     t.group);
+          }
+        }
         std::uint32_t codes[32];
-        Codec::unpack(words, codes);
+        Codec::unpack(cur.words, codes);
         LOWBIT_UNROLL
         for (int i = 0; i < 32; ++i)
-          c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], m));
+          c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], cur.meta));
       }
       if (t.valid < 32) {
         LOWBIT_UNROLL
