@@ -35,6 +35,13 @@
 // Construction and set-up (in the engine's constructor, in this order)
 //   B(const comm_type&, int events, int streams)
 //   static void check_comm(const comm_type&, const char* who)      refuses an unusable comm
+//   static void poison(const comm_type&, const std::string& why) noexcept
+//                                  after a failed call: the communicator refuses calls (and,
+//                                  on a device backend, its kernels stop waiting)
+//   stream-ordered backends also (a hierarchical call's wait watches two communicators):
+//   static bool comm_failed(const comm_type&)   a failure its stream cannot report
+//   [[noreturn]] static void raise_comm_failure(const comm_type&, const call_check&,
+//                                               const std::string& where)
 //   static void check_sizes(size_t send, size_t recv, size_t gather)
 //   void set_transport(frame_transport, const transport::policy&, int widest_bits)
 //   transfer_buffer make_transfer_buffer(size_t bytes)   collective where the backend maps
@@ -279,6 +286,21 @@ using fallback_all_gather_t = decltype(lval<B>().fallback_all_gather(
     static_cast<const float*>(nullptr), static_cast<float*>(nullptr), std::size_t{}, std::size_t{},
     lval<stream_type_t<B>>()));
 
+template <class B>
+using poison_t = decltype(B::poison(lval<const comm_type_t<B>>(), lval<const std::string>()));
+template <class B>
+using comm_failed_t = decltype(bool{B::comm_failed(lval<const comm_type_t<B>>())});
+template <class B>
+using raise_comm_failure_t = decltype(B::raise_comm_failure(
+    lval<const comm_type_t<B>>(), lval<const call_check>(), lval<const std::string>()));
+
+template <class B, class = void>
+struct failure_ok : std::true_type {};  // no stream_ordered_t: reported by its own check
+template <class B>
+struct failure_ok<B, std::enable_if_t<has<B, stream_ordered_t>>>
+    : std::bool_constant<!B::stream_ordered ||
+                         (has<B, comm_failed_t> && has<B, raise_comm_failure_t>)> {};
+
 template <class B, class = void>
 struct fallback_ok : std::true_type {};  // no has_fallback_t: reported by its own check
 template <class B>
@@ -307,7 +329,8 @@ constexpr bool is_backend_impl() {
          c::has<B, c::wait_t> && c::has<B, c::encode_t> && c::has<B, c::decode_t> &&
          c::has<B, c::reduce_encode_t> && c::has<B, c::reduce_t> &&
          c::has<B, c::accumulate_output_t> && c::has<B, c::alltoallv_t> &&
-         c::has<B, c::allgather_t> && c::fallback_ok<B>::value;
+         c::has<B, c::allgather_t> && c::fallback_ok<B>::value && c::has<B, c::poison_t> &&
+         c::failure_ok<B>::value;
 }
 template <class B>
 inline constexpr bool is_backend_impl_v = is_backend_impl<B>();
@@ -401,6 +424,13 @@ constexpr bool check_backend() {
       c::fallback_ok<B>::value,
       "lowbit backend: has_fallback needs fallback_all_reduce, fallback_reduce_scatter and "
       "fallback_all_gather");
+  static_assert(c::has<B, c::poison_t>,
+                "lowbit backend: needs `static void poison(const comm_type&, const std::string&) "
+                "noexcept`");
+  static_assert(c::failure_ok<B>::value,
+                "lowbit backend: a stream-ordered backend needs `static bool comm_failed(const "
+                "comm_type&)` and `static void raise_comm_failure(const comm_type&, const "
+                "call_check&, const std::string&)`");
   return is_backend_impl<B>();
 }
 

@@ -34,16 +34,20 @@ namespace detail {
 
 /// What both hierarchical collectives share: the intra stages, the per-call agreement
 /// over both communicators, and the scratch shard between the stages. `Inter` is the flat
-/// collective of stage 2 (all_reduce or reduce_scatter).
-template <class T, class InterCodec, class IntraCodec, class Schedule, class Backend, class Inter>
+/// collective of stage 2 (all_reduce or reduce_scatter) on Backend; the node-local stages
+/// run on IntraBackend.
+template <class T, class InterCodec, class IntraCodec, class Schedule, class Backend,
+          class IntraBackend, class Inter>
 class hierarchical_base {
  protected:
   using impl = backend_impl<Backend>;
-  using intra_type = intra_stage<Backend, T, IntraCodec, InterCodec, Schedule>;
+  using intra_type = intra_stage<IntraBackend, Backend, T, IntraCodec, InterCodec, Schedule>;
 
  public:
   using value_type = T;
+  /// The rails' communicator (Backend's) and the node's (IntraBackend's).
   using comm_type = typename impl::comm_type;
+  using intra_comm_type = typename intra_type::comm_type;
   using stream_type = typename impl::stream_type;
 
   hierarchical_base(const hierarchical_base&) = delete;
@@ -77,13 +81,19 @@ class hierarchical_base {
   /// or expiry both are aborted (whichever failed: the other's stages wait on it) and
   /// lowbit::nccl_error or lowbit::timeout_error thrown, as the flat collectives' sync()
   /// does with their one.
+  /// A disagreement that a stage's kernels recorded in their frames' headers (they wrote
+  /// nothing) raises lowbit::agreement_error, once, and retires this object.
   void sync(stream_type stream = {}) {
-    detail::sync_both<Backend>(intra_.intra_comm(), intra_.inter_comm(), stream,
-                               call_check(who_, calls_.last(), opts_.timeout, 0));
+    calls_.guard([&] {
+      detail::sync_both<IntraBackend, Backend>(intra_.intra_comm(), intra_.inter_comm(), stream,
+                                               call_check(who_, calls_.last(), opts_.timeout, 0));
+      intra_.raise_recorded_disagreement(who_);
+      rail_engine().raise_recorded_disagreement(who_);
+    });
   }
 
  protected:
-  hierarchical_base(const comm_type& intra, const comm_type& inter, std::size_t max_count,
+  hierarchical_base(const intra_comm_type& intra, const comm_type& inter, std::size_t max_count,
                     const collective_options& opts, const char* who)
       : max_count_(max_count),
         who_(who),
@@ -197,9 +207,11 @@ class hierarchical_base {
   collective_options opts_;
   intra_type intra_;
   Inter inter_;
-  typename impl::template buffer<T> shard_;  ///< this rank's rail shard between the stages
-  stage_links<Backend> links_;               ///< how the pipelined stages wait for each other
-  call_state calls_;                         ///< call numbers, steps, retirement
+  /// This rank's rail shard between the stages (IntraBackend's memory, which both backends
+  /// reach: they order work alike, intra_stage checks).
+  typename backend_impl<IntraBackend>::template buffer<T> shard_;
+  stage_links<stream_type> links_;  ///< how the pipelined stages wait for each other
+  call_state calls_;                ///< call numbers, steps, retirement
 };
 
 }  // namespace detail
@@ -212,7 +224,8 @@ class hierarchical_base {
 /// would send them all through one link per node.
 ///
 /// `intra` holds this node's ranks, `inter` this rank's rail; comm::split_by_node makes
-/// both from one communicator. Both are borrowed: they must outlive the collective, and
+/// both from one communicator (or, for the node backend inside a node, node_comm_from_mpi
+/// of the node's MPI communicator). Both are borrowed: they must outlive the collective, and
 /// every node must hold the same number of ranks (checked at construction, on every
 /// rank). Every rank calls with the same count, in the same order; on the MPI backend
 /// (and in checked mode on NCCL) each call first exchanges a 32-byte fingerprint over
@@ -228,29 +241,34 @@ class hierarchical_base {
 /// (graph-capturable), computing the bits of a one-pass call
 /// (docs/multi-node.md, "Pipelining"); the MPI backend runs the same chunks in turn.
 /// Move-only.
+///
+/// Backend carries stage 2 (the rails, across nodes); IntraBackend the node-local stages
+/// (Backend by default). Both must order work alike: backend::node inside a node with
+/// backend::nccl across, or one backend for both.
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
-          class Backend = backend::nccl>
+          class Backend = backend::nccl, class IntraBackend = Backend>
 class hierarchical_all_reduce
-    : public detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend,
+    : public detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend, IntraBackend,
                                        all_reduce<T, InterCodec, Feedback, Schedule, Backend>> {
-  using base = detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend,
+  using base = detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend, IntraBackend,
                                          all_reduce<T, InterCodec, Feedback, Schedule, Backend>>;
 
  public:
   using typename base::comm_type;
+  using typename base::intra_comm_type;
   using typename base::stream_type;
 
   /// Builds the three stages for tensors of up to max_count values (collective over both
   /// communicators). `opts` applies to every stage: op (avg divides by G in stage 1 and
   /// by N in stage 2), seed, algorithm of stage 2, timeout, verify.
-  hierarchical_all_reduce(const comm_type& intra, const comm_type& inter, std::size_t max_count,
-                          const collective_options& opts = {})
+  hierarchical_all_reduce(const intra_comm_type& intra, const comm_type& inter,
+                          std::size_t max_count, const collective_options& opts = {})
       : base(intra, inter, max_count, opts, "lowbit::hierarchical_all_reduce") {}
   /// Refused: the collective keeps pointers to the communicators.
-  hierarchical_all_reduce(const comm_type&&, const comm_type&, std::size_t,
+  hierarchical_all_reduce(const intra_comm_type&&, const comm_type&, std::size_t,
                           const collective_options& = {}) = delete;
-  hierarchical_all_reduce(const comm_type&, const comm_type&&, std::size_t,
+  hierarchical_all_reduce(const intra_comm_type&, const comm_type&&, std::size_t,
                           const collective_options& = {}) = delete;
 
   /// Reduces in[0, count) over every rank of every node into out[0, count) (in == out
@@ -312,24 +330,25 @@ class hierarchical_all_reduce
 /// deadlines and lifetime rules as hierarchical_all_reduce.
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
-          class Backend = backend::nccl>
+          class Backend = backend::nccl, class IntraBackend = Backend>
 class hierarchical_reduce_scatter
-    : public detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend,
+    : public detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend, IntraBackend,
                                        reduce_scatter<T, InterCodec, Feedback, Schedule, Backend>> {
   using base =
-      detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend,
+      detail::hierarchical_base<T, InterCodec, IntraCodec, Schedule, Backend, IntraBackend,
                                 reduce_scatter<T, InterCodec, Feedback, Schedule, Backend>>;
 
  public:
   using typename base::comm_type;
+  using typename base::intra_comm_type;
   using typename base::stream_type;
 
-  hierarchical_reduce_scatter(const comm_type& intra, const comm_type& inter, std::size_t max_count,
-                              const collective_options& opts = {})
+  hierarchical_reduce_scatter(const intra_comm_type& intra, const comm_type& inter,
+                              std::size_t max_count, const collective_options& opts = {})
       : base(intra, inter, max_count, opts, "lowbit::hierarchical_reduce_scatter") {}
-  hierarchical_reduce_scatter(const comm_type&&, const comm_type&, std::size_t,
+  hierarchical_reduce_scatter(const intra_comm_type&&, const comm_type&, std::size_t,
                               const collective_options& = {}) = delete;
-  hierarchical_reduce_scatter(const comm_type&, const comm_type&&, std::size_t,
+  hierarchical_reduce_scatter(const intra_comm_type&, const comm_type&&, std::size_t,
                               const collective_options& = {}) = delete;
 
   /// This rank's part of a count-element tensor: what a call writes to `out`.

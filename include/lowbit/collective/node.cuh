@@ -6,11 +6,16 @@
 //   lowbit::node::all_reduce<float, codec> reduce(comm, max_count);
 //   reduce.async(d_in, d_out, count, stream);   // enqueued on stream
 //   reduce.sync(stream);                        // raises a timeout, never hangs
+//
+// The hierarchical collectives take it inside each node (node::hierarchical_all_reduce),
+// with NCCL or the node backend across nodes.
 #pragma once
 
 #include "lowbit/collective/all_gather.hpp"
 #include "lowbit/collective/all_reduce.hpp"
 #include "lowbit/collective/detail/backend_node.cuh"
+#include "lowbit/collective/detail/hierarchical_node.cuh"
+#include "lowbit/collective/hierarchical.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/comm/node_comm.hpp"
 
@@ -29,5 +34,19 @@ template <class T, template <int> class CodecOf, class Widths = bit_widths<1, 2,
           class Feedback = feedback::none, class Schedule = schedule::default_schedule>
 using dynamic_all_reduce =
     lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::node>;
+/// The hierarchical collectives with the node backend inside each node and `Across`
+/// between nodes (the node backend too by default: nodes made of groups of ranks of one
+/// machine, as the tests do; backend::nccl across real nodes, with lowbit/collective/nccl.cuh).
+template <class T, class InterCodec, class Feedback = feedback::none,
+          class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
+          class Across = backend::node>
+using hierarchical_all_reduce = lowbit::hierarchical_all_reduce<T, InterCodec, Feedback, IntraCodec,
+                                                                Schedule, Across, backend::node>;
+template <class T, class InterCodec, class Feedback = feedback::none,
+          class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
+          class Across = backend::node>
+using hierarchical_reduce_scatter =
+    lowbit::hierarchical_reduce_scatter<T, InterCodec, Feedback, IntraCodec, Schedule, Across,
+                                        backend::node>;
 
 }  // namespace lowbit::node

@@ -12,7 +12,10 @@
 //
 // It also owns the communicator's abort word (mapped pinned memory): the node backend's
 // waiting kernels poll it, so abort() (a timeout, an error, or by request) ends every wait
-// of every collective on the communicator instead of leaving kernels spinning.
+// of every collective on the communicator instead of leaving kernels spinning; and its wait
+// record, where a kernel whose wait ended early (a deadline, an abort) says which rank it
+// waited for: every collective on the communicator, and a hierarchical collective watching
+// two communicators, learns of a failure from the communicator itself.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,6 +42,14 @@ using bootstrap_allgather = std::function<void(const void* mine, void* all, std:
 
 /// The most ranks a node_comm holds (the transfer kernels' peer tables are this long).
 inline constexpr int node_max_ranks = 32;
+
+/// What a wait that ended early leaves for the host (zero-initialised; mapped pinned).
+struct node_wait_record {
+  unsigned int claimed = 0;  ///< set by the one thread that writes the record
+  unsigned int ready = 0;    ///< 1 once peer and phase are visible to the host
+  int peer = -1;             ///< the rank waited for
+  int phase = 0;             ///< 0: it never arrived at the transfer; 1: its frames never landed
+};
 
 /// What a rank tells the others about itself when the group forms.
 struct node_rank_info {
@@ -101,6 +112,7 @@ class node_comm {
     LOWBIT_EXPECTS(static_cast<bool>(bootstrap_), "node_comm: the bootstrap is empty");
     LOWBIT_CUDA_TRY(cudaGetDevice(&device_));
     abort_word_ = lowbit::detail::mapped_host<int>::create();
+    missed_ = lowbit::detail::mapped_host<node_wait_record>::create();
     node_rank_info me;
     gethostname(me.host, sizeof me.host - 1);
     me.pid = static_cast<std::int64_t>(getpid());
@@ -141,6 +153,17 @@ class node_comm {
   bool valid() const noexcept { return size_ > 0 && !aborted(); }
   /// The abort word the transfer kernels poll (device-accessible; non-zero once aborted).
   const volatile int* abort_word() const noexcept { return abort_word_.get(); }
+
+  /// Where the transfer kernels record a wait that ended early (device-accessible).
+  node_wait_record* wait_record() const noexcept { return missed_.get(); }
+  /// Empty while no transfer on this communicator gave up a wait; else which rank it waited
+  /// for, and for what.
+  std::string missed() const {
+    const volatile node_wait_record* r = missed_.get();
+    if (r == nullptr || r->ready == 0) return {};
+    return r->phase == 0 ? "rank " + std::to_string(r->peer) + " to arrive at a transfer"
+                         : "the frames of rank " + std::to_string(r->peer) + " to land";
+  }
 
   /// Throws lowbit::invalid_argument unless the communicator can carry a collective.
   void check(const char* who) const {
@@ -226,6 +249,7 @@ class node_comm {
     std::swap(bootstrap_, o.bootstrap_);
     std::swap(peers_, o.peers_);
     std::swap(abort_word_, o.abort_word_);
+    std::swap(missed_, o.missed_);
   }
 
   int rank_ = 0;
@@ -233,7 +257,8 @@ class node_comm {
   int device_ = -1;
   bootstrap_allgather bootstrap_;
   std::vector<node_rank_info> peers_;
-  lowbit::detail::mapped_host<int> abort_word_;  ///< non-zero once aborted
+  lowbit::detail::mapped_host<int> abort_word_;           ///< non-zero once aborted
+  lowbit::detail::mapped_host<node_wait_record> missed_;  ///< the first wait that ended early
 };
 
 }  // namespace lowbit::comm

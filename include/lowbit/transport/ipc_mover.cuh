@@ -17,7 +17,8 @@
 //
 // Waits end in bounded time: at the deadline (the collective's timeout, measured on the
 // GPU's global timer) or when the communicator's abort word is set, the kernel records
-// which peer it waited for (mapped host memory, read by the backend's sync()), stores
+// which peer it waited for (the communicator's wait record, mapped host memory, read by the
+// backend's sync()), stores
 // nothing more, and clears the header of every frame it was still expecting, so the codec
 // kernels after it find no frame of this call and write nothing to the output.
 #pragma once
@@ -32,18 +33,9 @@
 #include "lowbit/comm/node_comm.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
-#include "lowbit/core/mapped_host.hpp"
 #include "lowbit/transport/ipc_window.hpp"
 
 namespace lowbit::transport {
-
-/// What a wait that ended early leaves for the host (zero-initialised; mapped pinned).
-struct ipc_wait_record {
-  unsigned int claimed = 0;  ///< set by the one thread that writes the record
-  unsigned int ready = 0;    ///< 1 once peer and phase are visible to the host
-  int peer = -1;             ///< the rank waited for
-  int phase = 0;             ///< 0: it never arrived at the transfer; 1: its frames never landed
-};
 
 /// One peer's part of a transfer: `bytes` at `src` (this rank's window) go to `dst` (the
 /// peer's window, mapped here); `expect` (this rank's window, or null) is where the peer's
@@ -61,8 +53,8 @@ struct ipc_transfer_args {
   unsigned long long* flags[comm::node_max_ranks];  ///< every rank's flag window, mapped here
   unsigned long long* epoch;                        ///< this rank's counters, one per CTA
   const volatile int* abort_word;                   ///< the communicator's
-  ipc_wait_record* record;
-  unsigned long long timeout_ns;  ///< 0: wait forever (until aborted)
+  comm::node_wait_record* record;                   ///< the communicator's
+  unsigned long long timeout_ns;                    ///< 0: wait forever (until aborted)
   int ranks, rank, ctas;
 };
 
@@ -199,9 +191,7 @@ class ipc_mover {
   ipc_mover() = default;
   /// Collective over `comm`: the flag window.
   ipc_mover(const comm::node_comm& comm, const char* who)
-      : comm_(&comm),
-        flags_(comm, ipc_flag_bytes(comm.size(), ctas), who),
-        record_(lowbit::detail::mapped_host<ipc_wait_record>::create()) {}
+      : comm_(&comm), flags_(comm, ipc_flag_bytes(comm.size(), ctas), who) {}
 
   /// A window of `bytes` on every rank (collective).
   ipc_window make_buffer(std::size_t bytes, const char* who) const {
@@ -237,15 +227,6 @@ class ipc_mover {
     launch(a, s);
   }
 
-  /// Empty while no wait ended early; else which rank was waited for, and for what.
-  std::string missed() const {
-    const volatile ipc_wait_record* r = record_.get();
-    if (r == nullptr || r->ready == 0) return {};
-    return std::string(r->phase == 0
-                           ? "rank " + std::to_string(r->peer) + " to arrive at a transfer"
-                           : "the frames of rank " + std::to_string(r->peer) + " to land");
-  }
-
  private:
   ipc_transfer_args args(std::chrono::milliseconds timeout) const {
     ipc_transfer_args a{};
@@ -257,7 +238,7 @@ class ipc_mover {
     a.epoch = reinterpret_cast<unsigned long long*>(flags_.data()) +
               ipc_flag_index(2, 0, 0, a.ranks, ctas);
     a.abort_word = comm_->abort_word();
-    a.record = record_.get();
+    a.record = comm_->wait_record();
     a.timeout_ns = static_cast<unsigned long long>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
     return a;
@@ -269,7 +250,6 @@ class ipc_mover {
   }
   const comm::node_comm* comm_ = nullptr;
   ipc_window flags_;  ///< arrive and landed flags, then this rank's counters
-  lowbit::detail::mapped_host<ipc_wait_record> record_;  ///< a wait that ended early
 };
 
 }  // namespace lowbit::transport

@@ -48,6 +48,14 @@ class mpi_backend {
       : comm_(&comm), own_(comm_type::duplicate(comm.get())) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  /// Marks the communicator unusable for `why` (after a failed call: its channel may hold
+  /// stray messages).
+  static void poison(const comm_type& comm, const std::string& why) noexcept {
+    try {
+      comm.mark_unusable(why);
+    } catch (...) {  // out of memory for the message: the call's own error still propagates
+    }
+  }
   /// MPI moves plain host memory: there is nothing to register or choose.
   void set_transport(frame_transport, const lowbit::transport::policy&, int /*widest_bits*/) {}
   static frame_transport transport() noexcept { return frame_transport::automatic; }

@@ -34,6 +34,21 @@ class nccl_backend : public device_steps {
       : device_steps(events, streams), comm_(&comm), mover_(comm) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  /// A failure the stream cannot report: an asynchronous NCCL error.
+  static bool comm_failed(const comm_type& comm) {
+    const ncclResult_t e = comm.async_error();
+    return e != ncclSuccess && e != ncclInProgress;
+  }
+  /// Throws what comm_failed() saw: lowbit::nccl_error naming `where`.
+  [[noreturn]] static void raise_comm_failure(const comm_type& comm, const call_check& cc,
+                                              const std::string& where) {
+    const ncclResult_t e = comm.async_error();
+    throw nccl_error(__FILE__, __LINE__, static_cast<int>(e),
+                     std::string(cc.who) + ": asynchronous NCCL error on " + where + ": " +
+                         ncclGetErrorString(e));
+  }
+  /// Aborts the communicator (its kernels end; it refuses calls from then on).
+  static void poison(const comm_type& comm, const std::string& /*why*/) noexcept { comm.abort(); }
   /// Chooses how frames move, before any make_transfer_buffer, for codes of at most
   /// `widest_bits` bits (transport::frame_mover). Collective over the communicator
   /// unless `t` is frame_transport::nccl.

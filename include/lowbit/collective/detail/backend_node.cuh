@@ -46,6 +46,15 @@ class node_backend : public device_steps {
         small_(comm, small_bytes * static_cast<std::size_t>(comm.size()), who) {}
 
   static void check_comm(const comm_type& comm, const char* who) { comm.check(who); }
+  /// A failure the stream cannot report: a transfer on the communicator gave up a wait.
+  static bool comm_failed(const comm_type& comm) { return !comm.missed().empty(); }
+  /// Throws what comm_failed() saw, as a timeout of the call `cc` on `where`.
+  [[noreturn]] static void raise_comm_failure(const comm_type& comm, const call_check& cc,
+                                              const std::string& where) {
+    throw timeout_error(__FILE__, __LINE__, cc.timeout_message(comm.missed() + " on " + where));
+  }
+  /// Ends every wait on the communicator, which refuses calls from then on.
+  static void poison(const comm_type& comm, const std::string& /*why*/) noexcept { comm.abort(); }
   /// Frames always move by peer stores: the requested transport does not apply.
   void set_transport(frame_transport, const lowbit::transport::policy&, int) {}
   static frame_transport transport() noexcept { return frame_transport::peer_stores; }
@@ -79,9 +88,9 @@ class node_backend : public device_steps {
   void sync(cudaStream_t stream, const call_check& cc) {
     comm_->check("lowbit (node backend) sync");
     const comm::stream_wait w =
-        comm::wait_stream(stream, cc.timeout, [&] { return !mover_.missed().empty(); });
+        comm::wait_stream(stream, cc.timeout, [&] { return comm_failed(*comm_); });
     // A transfer that gave up may have let its stream finish: its record still tells.
-    const std::string missed = mover_.missed();
+    const std::string missed = comm_->missed();
     if (w == comm::stream_wait::idle && missed.empty()) return;
     comm_->abort();  // ends every wait still running on the GPU
     drain(stream);

@@ -174,10 +174,12 @@ class device_steps {
     LOWBIT_CHECK_LAUNCH();
   }
 
+  /// The kernels' form of a header set: a disagreement is recorded into this object's
+  /// mismatch record (what disagreement() reads).
+  kernels::header_check device_check(const header_set& h) const { return {h, mismatch_.get()}; }
+
  protected:
   cudaStream_t stream(lane l) const { return l == lane::comm && overlap_ ? side_.get() : caller_; }
-  /// The kernels' form of a header set: recorded into this object's mismatch record.
-  kernels::header_check device_check(const header_set& h) const { return {h, mismatch_.get()}; }
   cudaEvent_t fork_event() const { return events_[events_.size() - 2].get(); }
   cudaEvent_t join_event() const { return events_[events_.size() - 1].get(); }
 

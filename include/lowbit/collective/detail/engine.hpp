@@ -443,8 +443,10 @@ class engine {
     be_.check_alive(who);
   }
 
+ public:
   /// A disagreement that the backend's kernels recorded in an earlier call (whose output
-  /// they left untouched): raised once, then this object is retired.
+  /// they left untouched): raised once, then this object is retired. (Public for the
+  /// hierarchical collectives, whose stages' calls are this engine's.)
   void raise_recorded_disagreement(const char* who) {
     if (calls_.retired()) return;
     std::string d = be_.disagreement();
@@ -456,6 +458,7 @@ class engine {
                               "collective object is now unusable");
   }
 
+ private:
   /// Starts a call of `count` values: its header (what every frame and fingerprint says
   /// of it) and, in checked mode, the fingerprint exchange. Every rank's call number
   /// advances here, whichever path the call then takes.

@@ -176,25 +176,17 @@ class full_precision_stage<backend::mpi, T> {
 };
 
 /// The host backend's calls complete before they return (every wait with its deadline):
-/// sync has nothing left to wait for; poison marks both communicators unusable.
+/// a hierarchical call has nothing left to wait for.
 template <>
-struct both_comms<backend::mpi> {
-  static void sync(const comm::mpi_comm&, const comm::mpi_comm&,
-                   backend_impl<backend::mpi>::stream_type, const call_check&) {}
-  static void poison(const comm::mpi_comm& intra, const comm::mpi_comm& inter,
-                     const std::string& why) noexcept {
-    try {
-      intra.mark_unusable(why);
-      inter.mark_unusable(why);
-    } catch (...) {  // out of memory for the message: the call's own error still propagates
-    }
-  }
+struct stage_sync<backend_impl<backend::mpi>::stream_type> {
+  template <class IntraB, class InterB, class IntraComm, class InterComm, class Stream>
+  static void wait(const IntraComm&, const InterComm&, Stream, const call_check&) {}
 };
 
 /// The host backend runs a hierarchical call's chunks one after the other, each step
 /// complete before the next: nothing to link.
 template <>
-class stage_links<backend::mpi> {
+class stage_links<backend_impl<backend::mpi>::stream_type> {
  public:
   using stream_type = backend_impl<backend::mpi>::stream_type;
   explicit stage_links(int) {}

@@ -1,7 +1,9 @@
 // The node-local stage of the hierarchical collectives (collective/hierarchical.hpp):
 // reduce-scatter and all-gather over `intra`, at full precision or at a codec, and the
-// per-call agreement over both communicators. The full-precision stage is the backend's
-// (full_precision_stage, specialised in hierarchical_mpi.hpp and hierarchical_nccl.cuh).
+// per-call agreement over both communicators, which may belong to two backends (the node
+// backend inside a node, NCCL across). The full-precision stage is the node-local
+// backend's (full_precision_stage, specialised in hierarchical_mpi.hpp,
+// hierarchical_nccl.cuh and hierarchical_node.cuh).
 #pragma once
 
 #include <cstddef>
@@ -31,42 +33,55 @@ struct full_precision {
 namespace detail {
 
 /// The full-precision node-local stage of a backend; the specialisations live with the
-/// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh).
+/// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh, hierarchical_node.cuh).
 template <class Backend, class T>
 class full_precision_stage {
   static_assert(dependent_false<Backend>,
                 "lowbit: no full-precision hierarchical stage for this backend: include "
-                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+                "lowbit/collective/mpi.hpp, lowbit/collective/nccl.cuh or "
+                "lowbit/collective/node.cuh");
 };
 
-/// How a hierarchical call's chunked stages wait for each other; specialised with the
-/// backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh).
-template <class Backend>
+/// How a hierarchical call's chunked stages wait for each other, by what orders the work
+/// (the backends' stream_type): events between two CUDA streams
+/// (hierarchical_device.cuh), nothing on the host backend (hierarchical_mpi.hpp).
+template <class Stream>
 class stage_links {
-  static_assert(dependent_false<Backend>,
+  static_assert(dependent_false<Stream>,
                 "lowbit: no hierarchical stage links for this backend: include "
-                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+                "lowbit/collective/mpi.hpp, lowbit/collective/nccl.cuh or "
+                "lowbit/collective/node.cuh");
 };
 
-/// What a hierarchical call does with both of its communicators at once; specialised with
-/// the backends (hierarchical_mpi.hpp, hierarchical_nccl.cuh):
-///   static void sync(intra, inter, stream, const call_check&): waits for the call's work
-///     on `stream` within the deadline, watching both communicators (NCCL), and on an
-///     error or expiry poisons both and throws;
-///   static void poison(intra, inter, why): marks both unusable (MPI) or aborts both (NCCL),
-///     as the flat collectives do with their one communicator.
-template <class Backend>
-struct both_comms {
-  static_assert(dependent_false<Backend>,
-                "lowbit: no hierarchical communicator pair for this backend: include "
-                "lowbit/collective/mpi.hpp or lowbit/collective/nccl.cuh");
+/// How a hierarchical call waits for its work over both of its communicators, by what
+/// orders the work (specialised beside stage_links):
+///   template <class IntraB, class InterB> static void wait(intra, inter, stream,
+///     const call_check&): waits for the call's work on `stream` within the deadline,
+///     watching both communicators for a failure the stream cannot report, and on a failure
+///     or expiry poisons both and throws.
+template <class Stream>
+struct stage_sync {
+  static_assert(dependent_false<Stream>,
+                "lowbit: no hierarchical stage sync for this backend: include "
+                "lowbit/collective/mpi.hpp, lowbit/collective/nccl.cuh or "
+                "lowbit/collective/node.cuh");
 };
 
-/// Waits for a hierarchical call's work within cc.timeout, polling both communicators (a
-/// no-op on the MPI backend, whose calls complete before they return).
-template <class Backend, class Comm, class Stream>
-void sync_both(const Comm& intra, const Comm& inter, Stream stream, const call_check& cc) {
-  both_comms<Backend>::sync(intra, inter, stream, cc);
+/// After a timeout or a communicator's error anywhere in a hierarchical call: both
+/// communicators are unusable (MPI) or aborted (NCCL, node), whichever one failed (the
+/// other's stages of the call would wait on it).
+template <class IntraB, class InterB, class IntraComm, class InterComm>
+void poison_both(const IntraComm& intra, const InterComm& inter, const std::string& why) noexcept {
+  backend_impl<IntraB>::poison(intra, why);
+  backend_impl<InterB>::poison(inter, why);
+}
+
+/// Waits for a hierarchical call's work within cc.timeout, watching both communicators (a
+/// no-op on the host backend, whose calls complete before they return).
+template <class IntraB, class InterB, class IntraComm, class InterComm, class Stream>
+void sync_both(const IntraComm& intra, const InterComm& inter, Stream stream,
+               const call_check& cc) {
+  stage_sync<Stream>::template wait<IntraB, InterB>(intra, inter, stream, cc);
 }
 
 /// Runs a call of a flat collective with the backend's entry point: async where calls are
@@ -106,10 +121,16 @@ class side_channel {
   int size_;
 };
 
-/// Stage 1 and 3 of a hierarchical collective (over `intra`) and its agreement (over both).
-template <class Backend, class T, class IntraCodec, class InterCodec, class Schedule>
+/// Stage 1 and 3 of a hierarchical collective (over `intra`, a communicator of IntraB) and
+/// its agreement (over both; `inter` is InterB's).
+template <class IntraB, class InterB, class T, class IntraCodec, class InterCodec, class Schedule>
 class intra_stage {
-  using impl = backend_impl<Backend>;
+  using impl = backend_impl<IntraB>;
+  using inter_impl = backend_impl<InterB>;
+  static_assert(std::is_same_v<typename impl::stream_type, typename inter_impl::stream_type>,
+                "lowbit: the node-local and cross-node backends of a hierarchical collective "
+                "must order their work alike (both on CUDA streams: nccl and node; or both on "
+                "the host: mpi)");
   static constexpr bool full = std::is_same_v<IntraCodec, full_precision>;
   /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
   /// precision, so that a rail shard is whole stage-2 blocks too.
@@ -120,24 +141,25 @@ class intra_stage {
       return std::size_t(IntraCodec::block_size);
   }();
   struct coded {
-    ::lowbit::reduce_scatter<T, IntraCodec, feedback::none, Schedule, Backend> rs;
-    ::lowbit::all_gather<T, IntraCodec, Schedule, Backend> ag;
+    ::lowbit::reduce_scatter<T, IntraCodec, feedback::none, Schedule, IntraB> rs;
+    ::lowbit::all_gather<T, IntraCodec, Schedule, IntraB> ag;
   };
-  using stages = std::conditional_t<full, full_precision_stage<Backend, T>, coded>;
+  using stages = std::conditional_t<full, full_precision_stage<IntraB, T>, coded>;
 
  public:
   using comm_type = typename impl::comm_type;
+  using inter_comm_type = typename inter_impl::comm_type;
   using stream_type = typename impl::stream_type;
 
   /// Collective over both communicators: checks that every node holds the same number of
   /// ranks (lowbit::invalid_argument on every rank otherwise), then builds the stages.
-  intra_stage(const comm_type& intra, const comm_type& inter, std::size_t max_count,
+  intra_stage(const comm_type& intra, const inter_comm_type& inter, std::size_t max_count,
               const collective_options& opts, const char* who)
       : who_(who),
         opts_(opts),
         G_(checked(intra, who).size()),
         l_(intra.rank()),
-        n_(checked(inter, who).rank()),
+        n_(checked_inter(inter, who).rank()),
         intra_comm_(&intra),
         inter_comm_(&inter),
         intra_ch_(intra),
@@ -198,16 +220,29 @@ class intra_stage {
   /// leave its peers' earlier stages waiting for it.
   void precheck(const char* who) const {
     impl::check_comm(*intra_comm_, who);
-    impl::check_comm(*inter_comm_, who);
+    inter_impl::check_comm(*inter_comm_, who);
   }
 
   /// After a timeout or a communicator's error anywhere in a call: both communicators are
   /// unusable (MPI) or aborted (NCCL), whichever one failed.
   void poison(const std::string& why) const noexcept {
-    both_comms<Backend>::poison(*intra_comm_, *inter_comm_, why);
+    poison_both<IntraB, InterB>(*intra_comm_, *inter_comm_, why);
   }
   const comm_type& intra_comm() const noexcept { return *intra_comm_; }
-  const comm_type& inter_comm() const noexcept { return *inter_comm_; }
+  const inter_comm_type& inter_comm() const noexcept { return *inter_comm_; }
+
+  /// A disagreement that stage 1's or 3's kernels recorded in their frames' headers (device
+  /// backends; they wrote nothing): raised once as lowbit::agreement_error, which retires
+  /// the collective.
+  void raise_recorded_disagreement(const char* who) {
+    if constexpr (full) {
+      if constexpr (has_recorded_disagreement<stages>::value)
+        stages_.raise_recorded_disagreement(who);
+    } else {
+      engine_access::of(stages_.rs).raise_recorded_disagreement(who);
+      engine_access::of(stages_.ag).raise_recorded_disagreement(who);
+    }
+  }
 
   /// Every rank's call is this one: a header over `intra`, then each rank's header and
   /// verdict over `inter`. The second exchange carries every node's verdict to every
@@ -252,14 +287,14 @@ class intra_stage {
     if constexpr (full)
       stages_.reduce_scatter(in, out, count, block, opts_.op, stream);
     else
-      issue_call<Backend>(stages_.rs, in, out, count, stream);
+      issue_call<IntraB>(stages_.rs, in, out, count, stream);
   }
   /// Stage 3: every rank's shard of `in` into out[0, count).
   void all_gather(const T* in, T* out, std::size_t count, stream_type stream) {
     if constexpr (full)
       stages_.all_gather(in, out, count, block, stream);
     else
-      issue_call<Backend>(stages_.ag, in, out, count, stream);
+      issue_call<IntraB>(stages_.ag, in, out, count, stream);
   }
   /// One chunk of stage 1 (full precision only): the pieces ranges(p, f) names of every
   /// rank p's shard (indices from the shard's start); out is this rank's shard.
@@ -288,6 +323,17 @@ class intra_stage {
     impl::check_comm(c, who);
     return c;
   }
+  static const inter_comm_type& checked_inter(const inter_comm_type& c, const char* who) {
+    inter_impl::check_comm(c, who);
+    return c;
+  }
+  /// Whether a full-precision stage checks frame headers of its own (the node backend's).
+  template <class S, class = void>
+  struct has_recorded_disagreement : std::false_type {};
+  template <class S>
+  struct has_recorded_disagreement<
+      S, std::void_t<decltype(std::declval<S&>().raise_recorded_disagreement(""))>>
+      : std::true_type {};
 
   std::size_t inter_ch_size() const noexcept { return inter_size_; }
 
@@ -355,9 +401,10 @@ class intra_stage {
   collective_options opts_;
   int G_, l_, n_;
   const comm_type* intra_comm_;
-  const comm_type* inter_comm_;
+  const inter_comm_type* inter_comm_;
   std::size_t inter_size_ = 0;
-  side_channel<Backend> intra_ch_, inter_ch_;
+  side_channel<IntraB> intra_ch_;
+  side_channel<InterB> inter_ch_;
   stages stages_;
 };
 
