@@ -24,7 +24,7 @@
 //                        a committed one under docs/perf/ into docs/performance.md's table
 //   --commit=REV         the commit column (default: $LOWBIT_COMMIT, else "unknown")
 // At the end a summary table is printed: op, type, bits, size, GB/s, copy GB/s, ratio,
-// target and met/MISSED. Targets are issue 33's (ratio to the copy, rows >= 64 MiB):
+// target and met/MISSED. Targets (docs/performance.md; ratio to the copy, rows >= 64 MiB):
 // target_of() below.
 #include <benchmark/benchmark.h>
 
@@ -504,7 +504,7 @@ void register_policy_sweep(const char* tname, std::size_t size) {
 ///   decode (plain, _slot and _hdr: the header check) >= 0.92
 ///   decode-accumulate-encode P = 2 (frame bytes)    >= 0.60 at 4 bits, 0.75 at 8
 ///   header check cost: hdr_cost_* (_hdr over _slot)  >= 0.99 (a cost <= 1%)
-///   fused reduce reduce_pP (not in the issue's table: the decode kernel summing P frames;
+///   fused reduce reduce_pP (the decode kernel summing P frames;
 ///   held to the decode's bar less the check's 1% and a point, until measured) >= 0.90
 double target_of(const row& r) {
   if (r.size < 64 * MiB) return -1.0;
