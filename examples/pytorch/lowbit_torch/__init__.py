@@ -5,11 +5,35 @@
   ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``
 - the codec: ``encode``, ``decode``, ``frame_bytes``
 
-Everything runs on the process group's own NCCL communicator, on torch's current stream.
+The collectives run on the process group's own NCCL communicator (an NCCL group) or on
+lowbit's node backend (a gloo group of ranks on one host, several of which may share one
+GPU: comm.py). The DDP hook runs them on a stream of its own; the FSDP2 collectives on
+the stream FSDP calls them on.
+
+Requires torch >= 2.6 (MIN_TORCH; ``torch.distributed.fsdp.FSDPModule`` is public from
+it); the FSDP2 collectives need a torch whose FSDPModule has set_custom_reduce_scatter.
 """
 
+MIN_TORCH = (2, 6)
+
+
+def _check_torch():
+    import torch
+
+    v = torch.__version__.split("+")[0].split(".")
+    try:
+        have = (int(v[0]), int(v[1]))
+    except (ValueError, IndexError):
+        return  # a version string we cannot read: let the imports below tell
+    if have < MIN_TORCH:
+        raise ImportError(f"lowbit_torch needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, this is "
+                          f"torch {torch.__version__}")
+
+
+_check_torch()
+
 from .codec import BLOCK, decode, encode, frame_bytes, whole_blocks
-from .comm import communicator, release
+from .comm import backend_of, communicator, release
 from .ddp import DDPState, ddp_hook
 from .defaults import gradient_grid
 from .fsdp import AllGather, ReduceScatter, apply_fsdp
@@ -29,5 +53,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'lowbit_torch' has no attribute {name!r}")
 
 
-__all__ = ["AgreementError", "AllGather", "DDPState", "ReduceScatter", "apply_fsdp", "communicator", "ddp_hook",
+__all__ = ["AgreementError", "AllGather", "DDPState", "MIN_TORCH", "ReduceScatter", "apply_fsdp",
+           "backend_of", "communicator", "ddp_hook",
            "decode", "encode", "frame_bytes", "load", "release"]

@@ -4,8 +4,16 @@
     model.register_comm_hook(state, lowbit_torch.ddp_hook)
 
 Each bucket's flat gradient is averaged over the process group by lowbit's all_reduce,
-on the group's own NCCL communicator, enqueued on torch's current stream (the stream
-DDP's backward runs on), and the hook returns a completed future: no host wait.
+on the group's own NCCL communicator (an NCCL group) or on lowbit's node backend (a gloo
+group of ranks on one host, several of which may share one GPU: comm.py).
+
+Overlap: the hook enqueues the collective on a CUDA stream of its own (one per device,
+``state.stream(device)``), which first waits for the caller's current stream (the one
+DDP's backward filled the bucket on). The caller's stream is never made to wait: the
+hook returns a CUDA-aware ``torch.futures.Future`` whose result is set on the hook's
+stream, so DDP waits for the bucket only where it waits for the future (when it
+finalizes the backward pass), while the backward kernels of later buckets run beside the
+collective. No host wait.
 """
 
 import collections
@@ -13,11 +21,18 @@ import collections
 import torch
 
 from ._build import collectives as extension
-from ._build import feedback_rules
+from ._build import feedback_rules as _compiled_rules
+from .codec import frame_bytes, whole_blocks
 from .comm import communicator
 from .defaults import gradient_grid
 
-FEEDBACK = feedback_rules("all_reduce")  # the rules compiled (_build.py's table)
+FEEDBACK = _compiled_rules("all_reduce")  # the rules compiled (_build.py's table), on NCCL
+
+
+def feedback_rules(backend="nccl"):
+    """The feedback rules DDPState takes on ``backend`` ("nccl" or "node"): those the
+    table in _build.py compiles for its all_reduce."""
+    return _compiled_rules("all_reduce", backend)
 
 
 class DDPState:
@@ -31,10 +46,12 @@ class DDPState:
     feedback: one of FEEDBACK, the rules compiled (the table in _build.py): "none",
         "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual plus one on
         the shard owner's second quantization, which lowbit's two_phase algorithm makes
-        on more than two ranks) or "ef21".
+        on more than two ranks) or "ef21". The node backend (a gloo group) compiles fewer:
+        ``feedback_rules("node")``.
     crossover: "auto" (measured on the group's links on first use, per dtype and
         width), an int (bytes: smaller buckets take NCCL's plain all-reduce), or 0
-        (always low-bit). Calls that take the plain path are counted in stats().
+        (always low-bit). Calls that take the plain path are counted in stats(). The
+        node backend has no plain path: every call is low-bit there.
     seed: stochastic rounding's seed.
 
     One lowbit collective per bucket index, with its feedback state (the state belongs
@@ -53,6 +70,10 @@ class DDPState:
                              f"got {crossover!r}")
         self.group = process_group
         self.comm = communicator(process_group)
+        self.backend = self.comm.backend  # "nccl" or "node"
+        if feedback not in feedback_rules(self.backend):
+            raise ValueError(f"lowbit_torch.DDPState: feedback on the {self.backend} backend "
+                             f"must be one of {feedback_rules(self.backend)}, got {feedback!r}")
         self.bits = bits
         self.grid = gradient_grid(bits) if grid is None else grid
         self.rounding = rounding
@@ -64,6 +85,8 @@ class DDPState:
         self._buckets = {}  # bucket index -> AllReduce handle
         self._calibrated = {}  # (dtype, bits) -> (crossover bytes, largest size measured)
         self._stats = collections.Counter()
+        self._streams = {}  # device index -> the hook's stream
+        self.last_streams = None  # (caller's, hook's) cudaStream_t of the last hook call
 
     @staticmethod
     def _check_bits(bits):
@@ -71,11 +94,44 @@ class DDPState:
             raise ValueError(f"lowbit_torch.DDPState: bits must be 1, 2, 4 or 8, got {bits!r}")
 
     def stats(self):
-        """Counters: lowbit_calls / nccl_calls (below the crossover) and their bytes,
-        rebuilds, calibrations; and the crossover in use per (dtype, bits)."""
+        """Counters: lowbit_calls / nccl_calls (below the crossover) and their input
+        bytes (lowbit_bytes / nccl_bytes), rebuilds, calibrations; wire_bytes, the bytes
+        this rank sent (the codec's frames, frame headers excluded, plus NCCL's ring
+        traffic below the crossover), full_precision_wire_bytes, what a ring all-reduce
+        of the same buckets in their own dtype would have sent, and wire_ratio, the
+        first over the second; the crossover in use per (dtype, bits)."""
         s = dict(self._stats)
         s["crossover_bytes"] = {f"{d}/{b}": c for (d, b), (c, _) in self._calibrated.items()}
+        full = s.get("full_precision_wire_bytes", 0)
+        s["wire_ratio"] = s.get("wire_bytes", 0) / full if full else None
         return s
+
+    def stream(self, device=None):
+        """The CUDA stream the hook runs its collectives on, for ``device`` (default: the
+        current one); made on first use."""
+        index = torch.cuda.current_device() if device is None else torch.device(device).index
+        if index is None:
+            index = torch.cuda.current_device()
+        s = self._streams.get(index)
+        if s is None:
+            s = self._streams[index] = torch.cuda.Stream(device=index)
+        return s
+
+    def _wire_bytes(self, h, count, plain, nbytes):
+        """(bytes this rank sends, bytes a full-precision ring all-reduce would send) for a
+        call of ``count`` values. One shot sends its frame to every peer; two phase a
+        shard's frame to every peer twice (reduce-scatter, then all-gather); shards in
+        whole codec blocks, taken as equal here."""
+        P = self.comm.size
+        full = 2 * (P - 1) * nbytes // P if P > 1 else 0
+        if P == 1:
+            return 0, 0
+        if plain:
+            return full, full
+        if h.algorithm == "one_shot":
+            return (P - 1) * frame_bytes(count, self.bits, self.grid), full
+        shard = whole_blocks(-(-count // P))
+        return 2 * (P - 1) * frame_bytes(shard, self.bits, self.grid), full
 
     def _new_handle(self, dtype, count):
         fixed = 0 if self.crossover == "auto" else self.crossover
@@ -97,6 +153,8 @@ class DDPState:
         calibrate_max_bytes (collective: every rank reaches the same bucket at the same
         point). It runs on a probe collective of its own, so that no bucket's feedback
         state is touched."""
+        if self.backend != "nccl":
+            return 0  # the node backend has no plain path
         if self.crossover != "auto" or self.comm.size == 1 or self.feedback == "ef21":
             return h.crossover_bytes
         key = (tensor.dtype, self.bits)
@@ -123,12 +181,20 @@ class DDPState:
         crossover = self._crossover(h, tensor)
         h.crossover_bytes = crossover
         nbytes = tensor.numel() * tensor.element_size()
-        plain = nbytes < crossover and self.feedback != "ef21" and self.comm.size > 1
+        plain = (self.backend == "nccl" and nbytes < crossover and self.feedback != "ef21"
+                 and self.comm.size > 1)
         kind = "nccl" if plain else "lowbit"
         self._stats[f"{kind}_calls"] += 1
         self._stats[f"{kind}_bytes"] += nbytes
+        wire, full = self._wire_bytes(h, tensor.numel(), plain, nbytes)
+        self._stats["wire_bytes"] += wire
+        self._stats["full_precision_wire_bytes"] += full
         h.run(tensor, tensor, self.bits)
         return tensor
+
+    def handle(self, index):
+        """Bucket ``index``'s collective (its step, algorithm, last_stream...)."""
+        return self._buckets[index]
 
     def worker_state(self, index):
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""
@@ -137,9 +203,23 @@ class DDPState:
 
 
 def ddp_hook(state, bucket):
-    """DDP communication hook: ``model.register_comm_hook(state, ddp_hook)``."""
+    """DDP communication hook: ``model.register_comm_hook(state, ddp_hook)``.
+
+    The collective runs on ``state.stream(device)``, after the caller's current stream
+    has reached this point; the returned future's result is set on that stream (a
+    CUDA-aware future records an event there), so whoever waits for the future (DDP, when
+    it finalizes the backward pass) waits for the collective, and nothing else does."""
     tensor = bucket.buffer()
-    state.all_reduce_(bucket.index(), tensor)
-    fut = torch.futures.Future(devices=[tensor.device])
-    fut.set_result(tensor)
+    device = tensor.device
+    caller = torch.cuda.current_stream(device)
+    stream = state.stream(device)
+    stream.wait_stream(caller)  # the bucket's gradients are complete on the caller's stream
+    with torch.cuda.stream(stream):
+        state.all_reduce_(bucket.index(), tensor)
+        # The bucket was made on the caller's stream; used here too, its memory must not
+        # be reused before this stream is done with it.
+        tensor.record_stream(stream)
+        fut = torch.futures.Future(devices=[device])
+        fut.set_result(tensor)  # an event recorded on `stream`; wait() joins it
+    state.last_streams = (caller.cuda_stream, stream.cuda_stream)
     return fut

@@ -31,8 +31,9 @@ inline feedback_kind make_feedback(const std::string& f) {
   return kind;
 }
 
-/// Calls f(tag<T>{}) with the instance of Instances (instances.h) compiled for dtype; a
-/// TypeError naming the dtypes compiled where there is none (hint: what to do instead).
+/// The codec's dispatch: calls f(tag<T>{}) with the instance of Instances (instances.h)
+/// compiled for dtype; a TypeError naming the dtypes compiled where there is none (hint:
+/// what to do instead).
 template <class Instances, class F>
 void with_instance(const char* what, at::ScalarType dtype, F&& f, const char* hint = "") {
   const bool compiled = Instances::visit(dtype, f);
@@ -40,15 +41,32 @@ void with_instance(const char* what, at::ScalarType dtype, F&& f, const char* hi
                    hint);
 }
 
-/// Calls f(tag<T>{}, tag<Feedback>{}) with the instance of Instances compiled for dtype
-/// and feedback: a TypeError for a dtype not compiled, a ValueError for a feedback rule.
+/// The collectives' dispatch (a backend first): calls f(tag<Backend>{}, tag<T>{}) with
+/// the instance of Instances compiled for the communicator's backend and dtype; a
+/// TypeError naming the dtypes compiled on that backend where there is none.
 template <class Instances, class F>
-void with_instance(const char* what, at::ScalarType dtype, feedback_kind feedback, F&& f,
-                   const char* hint = "") {
-  TORCH_CHECK_TYPE(Instances::has_dtype(dtype), what, ": compiled for ", Instances::dtypes,
-                   " tensors, got ", dtype, hint);
-  const bool compiled = Instances::visit(dtype, feedback, f);
-  TORCH_CHECK_VALUE(compiled, what, ": feedback must be ", Instances::feedback);
+void with_collective(const char* what, backend_kind b, at::ScalarType dtype, F&& f,
+                     const char* hint = "") {
+  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ",
+                    backend_name(b), " backend (lowbit_torch/_build.py's BACKENDS)");
+  TORCH_CHECK_TYPE(Instances::has_dtype(b, dtype), what, ": compiled on the ", backend_name(b),
+                   " backend for ", Instances::dtypes(b), " tensors, got ", dtype, hint);
+  const bool compiled = Instances::visit(b, dtype, f);
+  TORCH_CHECK_TYPE(compiled, what, ": no instance for ", dtype, hint);
+}
+
+/// The same with a feedback rule: f(tag<Backend>{}, tag<T>{}, tag<Feedback>{}); a
+/// ValueError naming the rules compiled on that backend where the rule is not.
+template <class Instances, class F>
+void with_collective(const char* what, backend_kind b, at::ScalarType dtype,
+                     feedback_kind feedback, F&& f, const char* hint = "") {
+  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ",
+                    backend_name(b), " backend (lowbit_torch/_build.py's BACKENDS)");
+  TORCH_CHECK_TYPE(Instances::has_dtype(b, dtype), what, ": compiled on the ", backend_name(b),
+                   " backend for ", Instances::dtypes(b), " tensors, got ", dtype, hint);
+  const bool compiled = Instances::visit(b, dtype, feedback, f);
+  TORCH_CHECK_VALUE(compiled, what, ": feedback on the ", backend_name(b), " backend must be ",
+                    Instances::feedback(b));
 }
 
 inline collective_config make_config(bool average, std::uint64_t seed, std::int64_t crossover,

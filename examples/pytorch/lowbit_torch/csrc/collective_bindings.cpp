@@ -2,7 +2,9 @@
 // run-time dispatch from Python's choices onto the compiled handles (instances.h).
 #include <torch/extension.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -30,10 +32,10 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
                                                    const collective_config& config) {
   check_max_count(max_count);
   std::unique_ptr<all_reduce_handle> h;
-  with_instance<all_reduce_instances>(
-      "lowbit_torch all_reduce", dtype, feedback, [&](auto t, auto f) {
-        h = make_all_reduce_as<typename decltype(t)::type, typename decltype(f)::type>(
-            comm, max_count, codec, config);
+  with_collective<all_reduce_instances>(
+      "lowbit_torch all_reduce", comm.backend(), dtype, feedback, [&](auto b, auto t, auto f) {
+        h = make_all_reduce_as<typename decltype(b)::type, typename decltype(t)::type,
+                               typename decltype(f)::type>(comm, max_count, codec, config);
       });
   return h;
 }
@@ -51,11 +53,11 @@ std::unique_ptr<shard_collective_handle> make_reduce_scatter(
     const codec_choice& codec, feedback_kind feedback, const collective_config& config) {
   check_max_count(max_count);
   std::unique_ptr<shard_collective_handle> h;
-  with_instance<reduce_scatter_instances>(
-      "lowbit_torch reduce_scatter", dtype, feedback,
-      [&](auto t, auto f) {
-        h = make_reduce_scatter_as<typename decltype(t)::type, typename decltype(f)::type>(
-            comm, max_count, codec, config);
+  with_collective<reduce_scatter_instances>(
+      "lowbit_torch reduce_scatter", comm.backend(), dtype, feedback,
+      [&](auto b, auto t, auto f) {
+        h = make_reduce_scatter_as<typename decltype(b)::type, typename decltype(t)::type,
+                                   typename decltype(f)::type>(comm, max_count, codec, config);
       },
       fsdp_dtype_hint);
   return h;
@@ -68,21 +70,65 @@ std::unique_ptr<shard_collective_handle> make_all_gather(const communicator& com
                                                          const collective_config& config) {
   check_max_count(max_count);
   std::unique_ptr<shard_collective_handle> h;
-  with_instance<all_gather_instances>(
-      "lowbit_torch all_gather", dtype,
-      [&](auto t) {
-        h = make_all_gather_as<typename decltype(t)::type>(comm, max_count, codec, config);
+  with_collective<all_gather_instances>(
+      "lowbit_torch all_gather", comm.backend(), dtype,
+      [&](auto b, auto t) {
+        h = make_all_gather_as<typename decltype(b)::type, typename decltype(t)::type>(
+            comm, max_count, codec, config);
       },
       fsdp_dtype_hint);
   return h;
 }
 
+namespace {
+
+/// A Python all-gather as node_comm's bootstrap: `fn(mine: bytes) -> bytes` returns every
+/// rank's bytes in rank order. Called with or without the GIL (it takes it); the Python
+/// object is released with the GIL held, whichever thread drops the last copy.
+struct python_allgather {
+  std::shared_ptr<pybind11::object> fn;
+  int size = 0;
+
+  python_allgather(pybind11::function f, int ranks)
+      : fn(new pybind11::object(std::move(f)),
+           [](pybind11::object* p) {
+             pybind11::gil_scoped_acquire gil;
+             delete p;
+           }),
+        size(ranks) {}
+
+  void operator()(const void* mine, void* all, std::size_t bytes) const {
+    namespace py = pybind11;
+    py::gil_scoped_acquire gil;
+    const py::object got = (*fn)(py::bytes(static_cast<const char*>(mine), bytes));
+    const std::string s = got.cast<std::string>();
+    TORCH_CHECK(s.size() == bytes * static_cast<std::size_t>(size),
+                "lowbit_torch: the bootstrap all-gather returned ", s.size(), " bytes where ",
+                size, " ranks x ", bytes, " were expected");
+    std::memcpy(all, s.data(), s.size());
+  }
+};
+
+}  // namespace
+
 void bind_collectives(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<communicator>(m, "Communicator")
       .def(py::init<std::int64_t>(), py::arg("nccl_comm_ptr"))
+      // The node backend's communicator: `allgather(mine: bytes) -> bytes` is the group's
+      // all-gather (every rank's bytes, concatenated in rank order), which the Python
+      // side runs over the process group's Store; it is called during this construction
+      // and again while each collective on the communicator is built (never in a call).
+      .def_static(
+          "node",
+          [](int rank, int size, py::function allgather) {
+            return communicator(rank, size, python_allgather(std::move(allgather), size));
+          },
+          py::arg("rank"), py::arg("size"), py::arg("allgather"))
       .def_property_readonly("rank", &communicator::rank)
-      .def_property_readonly("size", &communicator::size);
+      .def_property_readonly("size", &communicator::size)
+      .def_property_readonly("backend",
+                             [](const communicator& c) { return backend_name(c.backend()); });
 
   py::class_<all_reduce_handle>(m, "AllReduce")
       .def(py::init([](const communicator& comm, at::ScalarType dtype, std::int64_t max_count,
@@ -106,7 +152,9 @@ void bind_collectives(pybind11::module_& m) {
       .def_property_readonly("algorithm", &all_reduce_handle::algorithm)
       .def("worker_state", &all_reduce_handle::worker_state, py::arg("count"))
       .def("replicated_state", &all_reduce_handle::replicated_state, py::arg("count"))
-      .def("reset_feedback", &all_reduce_handle::reset_feedback);
+      .def("reset_feedback", &all_reduce_handle::reset_feedback)
+      .def_property_readonly("last_stream", &all_reduce_handle::last_stream)
+      .def_property_readonly("backend", &all_reduce_handle::backend);
 
   py::class_<shard_collective_handle>(m, "ShardCollective")
       .def_static(
@@ -132,7 +180,8 @@ void bind_collectives(pybind11::module_& m) {
       .def("run", &shard_collective_handle::run, py::arg("input"), py::arg("output"))
       .def("shard", &shard_collective_handle::shard, py::arg("count"))
       .def_property_readonly("max_count", &shard_collective_handle::max_count)
-      .def_property_readonly("dtype", &shard_collective_handle::dtype);
+      .def_property_readonly("dtype", &shard_collective_handle::dtype)
+      .def_property_readonly("last_stream", &shard_collective_handle::last_stream);
 }
 
 }  // namespace lowbit_torch

@@ -1,7 +1,7 @@
-// Type-erased handles onto lowbit's collectives, as Python sees them: the element type,
-// codec and feedback are chosen at run time, each combination compiled once (one
-// generated source per element type and feedback, so they compile in parallel: the
-// table in lowbit_torch/_build.py says which). Every call is enqueued on torch's current
+// Type-erased handles onto lowbit's collectives, as Python sees them: the backend (the
+// communicator's), element type, codec and feedback are chosen at run time, each
+// combination compiled once (one generated source per backend, element type and
+// feedback, so they compile in parallel: the table in lowbit_torch/_build.py says which). Every call is enqueued on torch's current
 // stream and returns at once.
 #pragma once
 
@@ -21,7 +21,7 @@ namespace lowbit_torch {
 struct collective_config {
   bool average = true;         ///< avg (x 1/P when decoding) or sum
   std::uint64_t seed = 0;      ///< stochastic rounding's seed
-  std::int64_t crossover = 0;  ///< bytes below which the plain NCCL collective runs
+  std::int64_t crossover = 0;  ///< bytes below which the plain NCCL collective runs (NCCL only)
   std::string algorithm = "automatic";
 
   lowbit::collective_options options() const;
@@ -48,6 +48,10 @@ class all_reduce_handle {
   /// A copy of EF21's replicated g; empty for other feedback.
   virtual at::Tensor replicated_state(std::int64_t count) const = 0;
   virtual void reset_feedback() = 0;
+  /// The cudaStream_t (as an integer) the last run() was enqueued on; 0 before any.
+  virtual std::int64_t last_stream() const = 0;
+  /// "nccl" or "node".
+  virtual std::string backend() const = 0;
 };
 
 /// A lowbit::reduce_scatter or all_gather at one codec, for FSDP2's flat buffers.
@@ -61,6 +65,8 @@ class shard_collective_handle {
   virtual at::ScalarType dtype() const = 0;
   /// [begin, end) of this rank's shard of a count-value tensor.
   virtual std::pair<std::int64_t, std::int64_t> shard(std::int64_t count) const = 0;
+  /// The cudaStream_t (as an integer) the last run() was enqueued on; 0 before any.
+  virtual std::int64_t last_stream() const = 0;
 };
 
 std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at::ScalarType dtype,
@@ -69,9 +75,9 @@ std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at:
                                                    feedback_kind feedback,
                                                    const collective_config& config);
 
-/// The factories per (element type, feedback), each instantiated in its own
+/// The factories per (backend tag, element type, feedback), each instantiated in its own
 /// generated source.
-template <class T, class Feedback>
+template <class Backend, class T, class Feedback>
 std::unique_ptr<all_reduce_handle> make_all_reduce_as(const communicator& comm,
                                                       std::int64_t max_count,
                                                       const codec_choice& codec,
@@ -86,12 +92,12 @@ std::unique_ptr<shard_collective_handle> make_all_gather(const communicator& com
                                                          const codec_choice& codec,
                                                          const collective_config& config);
 
-template <class T, class Feedback>
+template <class Backend, class T, class Feedback>
 std::unique_ptr<shard_collective_handle> make_reduce_scatter_as(const communicator& comm,
                                                                 std::int64_t max_count,
                                                                 const codec_choice& codec,
                                                                 const collective_config& config);
-template <class T>
+template <class Backend, class T>
 std::unique_ptr<shard_collective_handle> make_all_gather_as(const communicator& comm,
                                                             std::int64_t max_count,
                                                             const codec_choice& codec,

@@ -1,5 +1,5 @@
-// The handles' implementations over lowbit's NCCL collectives; included by the
-// generated per-(type, feedback) sources only.
+// The handles' implementations over lowbit's collectives on the NCCL or the node backend;
+// included by the generated per-(backend, type, feedback) sources only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@
 
 #include "collectives.h"
 #include "lowbit/collective/nccl.cuh"
+#include "lowbit/collective/node.cuh"
 
 namespace lowbit_torch {
 
@@ -43,6 +44,10 @@ struct at_width {
   void reset_feedback() { coll.reset_feedback(); }
 };
 
+/// The communicator wrapper of Backend (lowbit::comm::nccl_comm or node_comm).
+template <class Backend>
+using comm_of = typename lowbit::backend_impl<Backend>::comm_type;
+
 inline void check_count(std::int64_t n, std::int64_t max_count, const char* what) {
   TORCH_CHECK_VALUE(n <= max_count, what, ": ", n, " values is over the collective's max_count ",
                     max_count);
@@ -50,16 +55,19 @@ inline void check_count(std::int64_t n, std::int64_t max_count, const char* what
 
 }  // namespace detail
 
-template <class T, class Feedback, class Grid, class Rounding>
+template <class Backend, class T, class Feedback, class Grid, class Rounding>
 class all_reduce_impl final : public all_reduce_handle {
   using coll_type =
       lowbit::dynamic_all_reduce<T, absmax_family<Grid, Rounding>::template of,
                                  lowbit::bit_widths<1, 2, 4, 8>, Feedback,
-                                 lowbit::schedule::default_schedule, lowbit::backend::nccl>;
+                                 lowbit::schedule::default_schedule, Backend>;
+  /// Only the NCCL backend has a crossover (NCCL's own all-reduce below it); the node
+  /// backend always runs the codec.
+  static constexpr bool has_crossover = std::is_same_v<Backend, lowbit::backend::nccl>;
 
  public:
   all_reduce_impl(const communicator& comm, std::int64_t max_count, const collective_config& config)
-      : comm_(comm.shared()),
+      : comm_(comm.shared(tag<detail::comm_of<Backend>>{})),
         coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
 
   void run(const at::Tensor& in, const at::Tensor& out, int bits) override {
@@ -70,25 +78,35 @@ class all_reduce_impl final : public all_reduce_handle {
                       " values and output ", out.numel());
     detail::check_count(in.numel(), max_count(), what);
     TORCH_CHECK_VALUE(coll_type::supports(bits), what, ": bits must be 1, 2, 4 or 8, got ", bits);
+    const cudaStream_t stream = current_stream();
+    last_stream_ = reinterpret_cast<std::int64_t>(stream);
     coll_.async(data_as<const T>(in), data_as<T>(out), static_cast<std::size_t>(in.numel()), bits,
-                current_stream());
+                stream);
   }
   std::int64_t calibrate(int bits, std::int64_t max_bytes) override {
     TORCH_CHECK_VALUE(coll_type::supports(bits),
                       "lowbit_torch calibrate: bits must be 1, 2, 4 "
                       "or 8, got ",
                       bits);
-    detail::at_width<coll_type> view{coll_, bits};
-    return static_cast<std::int64_t>(lowbit::calibrate_crossover(
-        view, *comm_, current_stream(), static_cast<std::size_t>(max_bytes)));
+    if constexpr (has_crossover) {
+      detail::at_width<coll_type> view{coll_, bits};
+      return static_cast<std::int64_t>(lowbit::calibrate_crossover(
+          view, *comm_, current_stream(), static_cast<std::size_t>(max_bytes)));
+    } else {
+      (void)max_bytes;
+      return 0;  // no crossover: every call runs the codec
+    }
   }
   std::int64_t crossover_bytes() const override {
+    if constexpr (!has_crossover) return 0;
     return static_cast<std::int64_t>(coll_.crossover_bytes());
   }
   void set_crossover_bytes(std::int64_t bytes) override {
     TORCH_CHECK_VALUE(bytes >= 0, "lowbit_torch: crossover must be >= 0 bytes, got ", bytes);
-    coll_.set_crossover_bytes(static_cast<std::size_t>(bytes));
+    if constexpr (has_crossover) coll_.set_crossover_bytes(static_cast<std::size_t>(bytes));
   }
+  std::int64_t last_stream() const override { return last_stream_; }
+  std::string backend() const override { return has_crossover ? "nccl" : "node"; }
   std::int64_t max_count() const override { return static_cast<std::int64_t>(coll_.max_count()); }
   std::int64_t step() const override { return coll_.step(); }
   at::ScalarType dtype() const override { return scalar_type_of<T>(); }
@@ -110,32 +128,33 @@ class all_reduce_impl final : public all_reduce_handle {
   void reset_feedback() override { coll_.reset_feedback(); }
 
  private:
-  std::shared_ptr<lowbit::comm::nccl_comm> comm_;  // before coll_: it outlives it
+  std::shared_ptr<detail::comm_of<Backend>> comm_;  // before coll_: it outlives it
   coll_type coll_;
+  std::int64_t last_stream_ = 0;
 };
 
-template <class T, class Feedback>
+template <class Backend, class T, class Feedback>
 std::unique_ptr<all_reduce_handle> make_all_reduce_as(const communicator& comm,
                                                       std::int64_t max_count,
                                                       const codec_choice& codec,
                                                       const collective_config& config) {
   return with_grid_rounding(codec, [&](auto g, auto r) -> std::unique_ptr<all_reduce_handle> {
-    return std::make_unique<
-        all_reduce_impl<T, Feedback, typename decltype(g)::type, typename decltype(r)::type>>(
-        comm, max_count, config);
+    return std::make_unique<all_reduce_impl<Backend, T, Feedback, typename decltype(g)::type,
+                                            typename decltype(r)::type>>(comm, max_count, config);
   });
 }
 
 /// reduce_scatter (Gather = false) or all_gather (true) at one codec.
-template <class T, class Codec, class Feedback, bool Gather>
+template <class Backend, class T, class Codec, class Feedback, bool Gather>
 class shard_collective_impl final : public shard_collective_handle {
-  using coll_type = std::conditional_t<Gather, lowbit::all_gather<T, Codec>,
-                                       lowbit::reduce_scatter<T, Codec, Feedback>>;
+  using coll_type = std::conditional_t<
+      Gather, lowbit::all_gather<T, Codec, lowbit::schedule::default_schedule, Backend>,
+      lowbit::reduce_scatter<T, Codec, Feedback, lowbit::schedule::default_schedule, Backend>>;
 
  public:
   shard_collective_impl(const communicator& comm, std::int64_t max_count,
                         const collective_config& config)
-      : comm_(comm.shared()),
+      : comm_(comm.shared(tag<detail::comm_of<Backend>>{})),
         coll_(*comm_, static_cast<std::size_t>(max_count), config.options()) {}
 
   void run(const at::Tensor& in, const at::Tensor& out) override {
@@ -149,9 +168,11 @@ class shard_collective_impl final : public shard_collective_handle {
     const auto [begin, end] = shard(count);
     TORCH_CHECK_VALUE(part.numel() == end - begin, what, ": this rank's shard of ", count,
                       " values has ", end - begin, " values, got a tensor of ", part.numel());
-    coll_.async(data_as<const T>(in), data_as<T>(out), static_cast<std::size_t>(count),
-                current_stream());
+    const cudaStream_t stream = current_stream();
+    last_stream_ = reinterpret_cast<std::int64_t>(stream);
+    coll_.async(data_as<const T>(in), data_as<T>(out), static_cast<std::size_t>(count), stream);
   }
+  std::int64_t last_stream() const override { return last_stream_; }
   std::int64_t max_count() const override { return static_cast<std::int64_t>(coll_.max_count()); }
   at::ScalarType dtype() const override { return scalar_type_of<T>(); }
   std::pair<std::int64_t, std::int64_t> shard(std::int64_t count) const override {
@@ -160,30 +181,32 @@ class shard_collective_impl final : public shard_collective_handle {
   }
 
  private:
-  std::shared_ptr<lowbit::comm::nccl_comm> comm_;  // before coll_: it outlives it
+  std::shared_ptr<detail::comm_of<Backend>> comm_;  // before coll_: it outlives it
   coll_type coll_;
+  std::int64_t last_stream_ = 0;
 };
 
-template <class T, class Feedback>
+template <class Backend, class T, class Feedback>
 std::unique_ptr<shard_collective_handle> make_reduce_scatter_as(const communicator& comm,
                                                                 std::int64_t max_count,
                                                                 const codec_choice& codec,
                                                                 const collective_config& config) {
   return with_codec(codec, [&](auto c) -> std::unique_ptr<shard_collective_handle> {
-    return std::make_unique<shard_collective_impl<T, typename decltype(c)::type, Feedback, false>>(
+    return std::make_unique<
+        shard_collective_impl<Backend, T, typename decltype(c)::type, Feedback, false>>(
         comm, max_count, config);
   });
 }
 
-template <class T>
+template <class Backend, class T>
 std::unique_ptr<shard_collective_handle> make_all_gather_as(const communicator& comm,
                                                             std::int64_t max_count,
                                                             const codec_choice& codec,
                                                             const collective_config& config) {
   return with_codec(codec, [&](auto c) -> std::unique_ptr<shard_collective_handle> {
-    return std::make_unique<
-        shard_collective_impl<T, typename decltype(c)::type, lowbit::feedback::none, true>>(
-        comm, max_count, config);
+    return std::make_unique<shard_collective_impl<Backend, T, typename decltype(c)::type,
+                                                  lowbit::feedback::none, true>>(comm, max_count,
+                                                                                 config);
   });
 }
 

@@ -20,6 +20,7 @@
 #include "lowbit/codec/absmax.hpp"
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
+#include "lowbit/comm/node_comm.hpp"
 #include "lowbit/feedback/state.hpp"
 
 namespace lowbit_torch {
@@ -111,24 +112,51 @@ T* data_as(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
 
-/// The process group's NCCL communicator, borrowed (torch owns and destroys it). Shared by
-/// every collective the extension builds on it, which keep a pointer to it.
+/// The collectives' backends (lowbit_torch/_build.py's BACKENDS: the same names, in the
+/// same order): an NCCL process group's communicator, or the node backend's.
+enum class backend_kind { nccl, node };
+
+inline const char* backend_name(backend_kind b) { return b == backend_kind::nccl ? "nccl" : "node"; }
+
+/// What every collective the extension builds runs on: the process group's NCCL
+/// communicator, borrowed (torch owns and destroys it), or a lowbit::comm::node_comm of
+/// the group's ranks on one node (bootstrapped over the group's Store by the Python side;
+/// several ranks may share one GPU). Shared by every collective built on it, which keep a
+/// reference to it.
 class communicator {
  public:
-  explicit communicator(std::int64_t handle) {
+  /// The NCCL communicator at `handle` (ProcessGroupNCCL's _comm_ptr()).
+  explicit communicator(std::int64_t handle) : backend_(backend_kind::nccl) {
     TORCH_CHECK_VALUE(handle != 0,
                       "lowbit_torch: the process group has no NCCL communicator yet (create it "
                       "eagerly with init_process_group(..., device_id=...) or run one collective "
                       "first)");
-    comm_ = std::make_shared<lowbit::comm::nccl_comm>(reinterpret_cast<ncclComm_t>(handle));
+    nccl_ = std::make_shared<lowbit::comm::nccl_comm>(reinterpret_cast<ncclComm_t>(handle));
   }
+  /// A node communicator of `size` ranks on the current CUDA device (collective over
+  /// `bootstrap`, which every collective built on it calls again while it is built).
+  communicator(int rank, int size, lowbit::comm::bootstrap_allgather bootstrap)
+      : backend_(backend_kind::node) {
+    node_ = std::make_shared<lowbit::comm::node_comm>(rank, size, std::move(bootstrap));
+  }
+
+  backend_kind backend() const { return backend_; }
   /// The wrapper, shared: a collective holds a reference to keep it alive.
-  std::shared_ptr<lowbit::comm::nccl_comm> shared() const { return comm_; }
-  int rank() const { return comm_->rank(); }
-  int size() const { return comm_->size(); }
+  std::shared_ptr<lowbit::comm::nccl_comm> shared(tag<lowbit::comm::nccl_comm>) const {
+    TORCH_CHECK(nccl_ != nullptr, "lowbit_torch: this communicator is not NCCL's");
+    return nccl_;
+  }
+  std::shared_ptr<lowbit::comm::node_comm> shared(tag<lowbit::comm::node_comm>) const {
+    TORCH_CHECK(node_ != nullptr, "lowbit_torch: this communicator is not the node backend's");
+    return node_;
+  }
+  int rank() const { return nccl_ ? nccl_->rank() : node_->rank(); }
+  int size() const { return nccl_ ? nccl_->size() : node_->size(); }
 
  private:
-  std::shared_ptr<lowbit::comm::nccl_comm> comm_;
+  backend_kind backend_;
+  std::shared_ptr<lowbit::comm::nccl_comm> nccl_;
+  std::shared_ptr<lowbit::comm::node_comm> node_;
 };
 
 /// torch's current stream on the current device: lowbit's work is ordered with the

@@ -10,6 +10,7 @@ setup.py loads it):
   offers among them."""
 
 import importlib.util
+import inspect
 import os
 import re
 import stat
@@ -124,36 +125,49 @@ class GeneratedSourcesTest(unittest.TestCase):
             self.header = f.read()
 
     def instantiated(self):
-        """(op, C++ type, feedback policy or None) of each generated .cu's instantiation."""
+        """(op, C++ type, feedback policy or None, backend tag or None) of each generated
+        .cu's instantiation."""
         found = []
         for path in self.sources:
             if not path.endswith(".cu"):
                 continue
             with open(path) as f:
                 text = f.read()
-            m = (re.search(r"make_(all_reduce|reduce_scatter)_as<(\w+), (.+)>\(", text)
-                 or re.search(r"make_(all_gather)_as<(\w+)>\(", text)
-                 or re.search(r"LOWBIT_TORCH_INSTANTIATE_(CODEC)\((\w+)\)", text))
+            m = re.search(r"make_(all_reduce|reduce_scatter)_as<([\w:]+), (\w+), (.+)>\(", text)
+            if m:
+                found.append((m.group(1), m.group(3), m.group(4), m.group(2)))
+                continue
+            m = re.search(r"make_(all_gather)_as<([\w:]+), (\w+)>\(", text)
+            if m:
+                found.append((m.group(1), m.group(3), None, m.group(2)))
+                continue
+            m = re.search(r"LOWBIT_TORCH_INSTANTIATE_(CODEC)\((\w+)\)", text)
             self.assertIsNotNone(m, path)
-            op = m.group(1).lower()
-            found.append((op, m.group(2), m.group(3) if m.lastindex == 3 else None))
+            found.append(("codec", m.group(2), None, None))
         return found
 
     def dispatched(self):
-        """(op, C++ type, feedback policy or None) of each case of instances.h's visits."""
+        """(op, C++ type, feedback policy or None, backend tag or None) of each case of
+        instances.h's visits."""
         found = []
         for op, body in re.findall(r"struct (\w+)_instances \{(.*?)\n\};", self.header, re.S):
-            for call in re.findall(r"f\((tag<.*?>\{\}(?:, tag<.*>\{\})?)\);", body):
-                tags = re.findall(r"tag<(.*?)>\{\}", call)
-                found.append((op, tags[0], tags[1] if len(tags) > 1 else None))
+            for call in re.findall(r"f\((tag<.*?>\{\}(?:, tag<.*>\{\})*)\);", body):
+                tags = re.findall(r"tag<(.*?)>\{\}(?:,|$)", call)
+                if tags[0].startswith("lowbit::backend::"):
+                    found.append((op, tags[1], tags[2] if len(tags) > 2 else None, tags[0]))
+                else:
+                    found.append((op, tags[0], tags[1] if len(tags) > 1 else None, None))
         return found
 
     def expected(self):
-        return [(op, _build.DTYPES[t], _build.FEEDBACK[f][0] if f else None)
-                for op, t, f in _build.instances()]
+        return [(op, _build.DTYPES[t], _build.FEEDBACK[f][0] if f else None,
+                 _build.BACKENDS[b][0] if b else None)
+                for op, t, f, b in _build.instances()]
 
     def test_one_source_per_instance_of_the_table(self):
-        self.assertEqual(len(_build.instances()), 3 + 3 * 5 + 2 * 2 + 2)
+        nccl = 3 * 5 + 2 * 2 + 2
+        node = 2 * 3 + 2 * 2 + 2
+        self.assertEqual(len(_build.instances()), 3 + nccl + node)
         cu = [os.path.basename(p) for p in self.sources if p.endswith(".cu")]
         self.assertEqual(len(cu), len(set(cu)))
         self.assertEqual(sorted(self.instantiated()), sorted(self.expected()))
@@ -170,6 +184,19 @@ class GeneratedSourcesTest(unittest.TestCase):
         for op in _build.COMPILED:
             self.assertTrue(set(_build.feedback_rules(op)) <= set(_build.FEEDBACK), op)
             self.assertTrue(set(_build.dtypes(op)) <= set(_build.DTYPES), op)
+            for b in _build.backends(op):  # a backend's subset of COMPILED's
+                self.assertTrue(set(_build.feedback_rules(op, b)) <= set(_build.feedback_rules(op)))
+                self.assertTrue(set(_build.dtypes(op, b)) <= set(_build.dtypes(op)))
+
+    def test_the_backends_are_common_hs(self):
+        """common.h's backend_kind names the table's BACKENDS, in order (the generated
+        dispatch compares against its values)."""
+        with open(os.path.join(_build.CSRC, "common.h")) as f:
+            enum = re.search(r"enum class backend_kind \{ (.*) \};", f.read()).group(1)
+        self.assertEqual(enum.split(", "), list(_build.BACKENDS))
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            self.assertEqual(_build.backends(op), ("nccl", "node"), op)
+        self.assertEqual(_build.backends("codec"), ())
 
     def test_nothing_else_spells_the_instances(self):
         """csrc/ holds no hand-written instance and names no feedback policy: the table
@@ -209,16 +236,20 @@ class GeneratedSourcesTest(unittest.TestCase):
         from lowbit_torch import codec, ddp, fsdp
 
         compiled = set(_build.instances())
-        for t in _build.dtypes("all_reduce"):
-            for rule in ddp.FEEDBACK:
-                self.assertIn(("all_reduce", t, rule), compiled)
+        for b in _build.backends("all_reduce"):
+            for t in _build.dtypes("all_reduce", b):
+                for rule in ddp.feedback_rules(b):
+                    self.assertIn(("all_reduce", t, rule, b), compiled)
+        self.assertIn(inspect.signature(ddp.DDPState).parameters["feedback"].default,
+                      ddp.feedback_rules("node"))
         names = {getattr(torch, t): t for t in _build.DTYPES}
         for dtype in codec._DTYPES:
-            self.assertIn(("codec", names[dtype], None), compiled)
+            self.assertIn(("codec", names[dtype], None, None), compiled)
         rs = fsdp.ReduceScatter()
-        for t in _build.dtypes("reduce_scatter"):
-            self.assertIn(("reduce_scatter", t, rs.feedback), compiled)
-            self.assertIn(("all_gather", t, None), compiled)
+        for b in _build.backends("reduce_scatter"):
+            for t in _build.dtypes("reduce_scatter", b):
+                self.assertIn(("reduce_scatter", t, rs.feedback, b), compiled)
+                self.assertIn(("all_gather", t, None, b), compiled)
         self.assertTrue(callable(lowbit_torch.ddp_hook))
 
 

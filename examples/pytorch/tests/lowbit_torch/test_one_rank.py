@@ -145,6 +145,21 @@ def test_errors_are_clear(ext, one_rank_group):
         ext.ShardCollective.reduce_scatter(comm, torch.float16, 1024, 4, "zero", "nearest",
                                            "none", True, 0)
     assert issubclass(lowbit_torch.AgreementError, RuntimeError)
+    # A gloo group takes the node backend (CUDA IPC between the ranks' processes): here
+    # one rank, bootstrapped over the group's Store.
     gloo = dist.new_group(backend="gloo")
-    with pytest.raises(ValueError, match="gloo"):
-        lowbit_torch.communicator(gloo)
+    assert lowbit_torch.backend_of(gloo) == "node"
+    assert lowbit_torch.backend_of() == "nccl"
+    node = lowbit_torch.communicator(gloo)
+    assert (node.backend, node.rank, node.size) == ("node", 0, 1)
+    with pytest.raises(ValueError, match="feedback on the node backend"):
+        lowbit_torch.DDPState(gloo, feedback="ef21")
+    h = ext.AllReduce(node, torch.float32, 1000, "zero", "nearest", "residual", True, 0, 0,
+                      "automatic")
+    assert h.backend == "node" and h.crossover_bytes == 0
+    x = torch.randn(1000, device="cuda")
+    out = torch.empty_like(x)
+    h.run(x, out, 4)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x)  # one rank: an exact copy
+    assert h.last_stream == torch.cuda.current_stream().cuda_stream

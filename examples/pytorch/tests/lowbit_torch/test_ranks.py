@@ -1,0 +1,328 @@
+"""The torch path on P real ranks, one process each, under torchrun:
+
+    torchrun --nproc-per-node P -m pytest -q examples/pytorch/tests/lowbit_torch/test_ranks.py
+
+(skipped elsewhere). Where the machine has a GPU per rank the group is NCCL's and lowbit
+borrows its communicator; where it has fewer (one GPU, P = 2, 3, 4, 8: rank r on
+cuda:r % device_count) the group is gloo and lowbit runs its node backend (CUDA IPC
+between the processes; NCCL refuses two ranks on one GPU). LOWBIT_TEST_BACKEND=gloo or
+nccl forces the choice.
+
+- The all_reduce equals a reference built from the codec functions (the same kernels,
+  one-shot's data flow: every rank's whole tensor encoded with key (seed, step, rank), the
+  frames decoded and summed in rank order in fp32, times 1/P, rounded to the element
+  type), identical on every rank; residual feedback's state after several steps equals
+  the reference's.
+- DDP with the hook (bucket rebuild, static_graph=True, find_unused_parameters=True,
+  no_sync gradient accumulation, autocast): every rank ends with identical parameters,
+  and the first step's gradients are the ranks' mean within the codec's error (far from
+  any one rank's own, so a hook that exchanged nothing fails).
+- The hook's collectives run on the hook's stream, never the caller's, and the caller's
+  stream is not made to wait for them.
+- FSDP2 with lowbit's collectives: identical parameters on every rank."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import lowbit_torch  # noqa: E402
+
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+
+pytestmark = pytest.mark.skipif(WORLD < 2, reason="needs torchrun --nproc-per-node P, P >= 2")
+
+
+@pytest.fixture(scope="module")
+def group(ext):
+    local = int(os.environ["LOCAL_RANK"])
+    ngpu = torch.cuda.device_count()
+    device = torch.device("cuda", local % ngpu)
+    torch.cuda.set_device(device)
+    backend = os.environ.get("LOWBIT_TEST_BACKEND") or ("nccl" if ngpu >= WORLD else "gloo")
+    if not dist.is_initialized():
+        if backend == "nccl":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+    want = "nccl" if backend == "nccl" else "node"
+    assert lowbit_torch.backend_of() == want
+    if dist.get_rank() == 0:
+        print(f"\n[test_ranks] P={WORLD} group={backend} lowbit backend={want} GPUs={ngpu}")
+    yield dist.group.WORLD
+
+
+def _gathered(t):
+    """Every rank's copy of t, in rank order (through the host: gloo or NCCL alike)."""
+    host = t.detach().contiguous().cpu()
+    parts = [torch.empty_like(host) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, host)
+    return [p.to(t.device) for p in parts]
+
+
+def _inputs(n, dtype, rank, seed=0):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    x = torch.randn(n, generator=g) * (1.0 + 0.1 * rank)
+    x[::53] = 0.0
+    return x.to(dtype).cuda()
+
+
+def _reference(xs, bits, rounding, seed, step, dtype, residuals=None):
+    """One-shot all_reduce (avg) of the ranks' inputs xs through the codec functions;
+    with residuals (fp32, one per rank) the residual feedback rule, updating them."""
+    acc = torch.zeros(xs[0].numel(), device=xs[0].device)
+    for r, x in enumerate(xs):
+        c = x if residuals is None else x.float() + residuals[r]
+        f = lowbit_torch.encode(c, bits, "zero", rounding, seed=seed, step=step, rank=r)
+        d = lowbit_torch.decode(f, x.numel(), bits, "zero", torch.float32)
+        if residuals is not None:
+            residuals[r] = c - d
+        acc += d
+    return (acc * (1.0 / len(xs))).to(dtype)
+
+
+def _all_same(t):
+    parts = _gathered(t)
+    return all(torch.equal(parts[0], p) for p in parts[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits,rounding", [(4, "nearest"), (2, "stochastic"), (8, "nearest")])
+def test_all_reduce_equals_the_codec_reference_on_every_rank(ext, group, dtype, bits, rounding):
+    rank, n, seed = dist.get_rank(), 128 * 97 + 61, 5
+    h = ext.AllReduce(lowbit_torch.communicator(), dtype, n, "zero", rounding, "none", True,
+                      seed, 0, "one_shot")
+    for step in range(3):
+        x = _inputs(n, dtype, rank, seed=step)
+        out = torch.empty_like(x)
+        h.run(x, out, bits)
+        ref = _reference(_gathered(x), bits, rounding, seed, step, dtype)
+        assert torch.equal(out, ref)
+        assert _all_same(out)
+
+
+def test_residual_state_equals_the_reference_after_several_steps(ext, group):
+    rank, n, seed = dist.get_rank(), 128 * 40 + 3, 9
+    h = ext.AllReduce(lowbit_torch.communicator(), torch.float32, n, "zero", "nearest",
+                      "residual", True, seed, 0, "one_shot")
+    residuals = [torch.zeros(n, device="cuda") for _ in range(WORLD)]
+    for step in range(4):
+        x = _inputs(n, torch.float32, rank, seed=10 + step)
+        out = torch.empty_like(x)
+        h.run(x, out, 4)
+        ref = _reference(_gathered(x), 4, "nearest", seed, step, torch.float32, residuals)
+        assert torch.equal(out, ref)
+        assert torch.equal(h.worker_state(n), residuals[rank])
+
+
+@pytest.mark.skipif(WORLD < 3, reason="two_phase's second quantization needs P >= 3")
+@pytest.mark.parametrize("feedback", ["none", "residual_stage2"])
+def test_two_phase_is_near_the_mean_and_identical_on_every_rank(ext, group, feedback):
+    rank, n = dist.get_rank(), 128 * 64 * WORLD + 77
+    h = ext.AllReduce(lowbit_torch.communicator(), torch.float32, n, "zero", "nearest", feedback,
+                      True, 3, 0, "two_phase")
+    assert h.algorithm == "two_phase"
+    for step in range(3):
+        x = _inputs(n, torch.float32, rank, seed=20 + step)
+        out = torch.empty_like(x)
+        h.run(x, out, 8)
+        mean = torch.stack(_gathered(x)).mean(0)
+        assert (out - mean).norm() < 0.02 * mean.norm()
+        assert _all_same(out)
+
+
+# ----------------------------------------------------------------------------- DDP
+
+class _Net(nn.Module):
+    """Four linear layers (several buckets at bucket_cap_mb=0.25) and, with unused=True,
+    a branch that forward never takes (find_unused_parameters)."""
+
+    def __init__(self, unused=False):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(96, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                                  nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+        self.unused = nn.Linear(256, 10) if unused else None
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _batch(step, micro=0):
+    g = torch.Generator().manual_seed(1000 * dist.get_rank() + 10 * step + micro)  # own data
+    return torch.randn(32, 96, generator=g).cuda(), torch.randint(0, 10, (32,), generator=g).cuda()
+
+
+def _loss(model, step, micro=0, autocast=False):
+    x, y = _batch(step, micro)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        return nn.functional.cross_entropy(model(x), y)
+
+
+def _local_grads(net, autocast, accumulate):
+    """This rank's own first-step gradients (no DDP), flattened."""
+    net.zero_grad()
+    for micro in range(accumulate):
+        (_loss(net, 0, micro, autocast) / accumulate).backward()
+    return torch.cat([p.grad.reshape(-1) for p in net.parameters() if p.grad is not None])
+
+
+DDP_CASES = {
+    "rebuild": {},  # DDP rebuilds its buckets after the first iteration
+    "static_graph": {"static_graph": True},
+    "find_unused": {"find_unused_parameters": True, "unused": True},
+    "no_sync": {"accumulate": 3},
+    "autocast": {"autocast": True},
+}
+
+
+@pytest.mark.parametrize("case", list(DDP_CASES))
+def test_ddp_with_the_hook_trains_identically_on_every_rank(ext, group, case):
+    opts = dict(DDP_CASES[case])
+    accumulate = opts.pop("accumulate", 1)
+    autocast = opts.pop("autocast", False)
+    unused = opts.pop("unused", False)
+    torch.manual_seed(0)
+    net = _Net(unused).cuda()
+    local = _local_grads(net, autocast, accumulate)
+    mean = torch.stack(_gathered(local)).mean(0)
+    net.zero_grad()
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[torch.cuda.current_device()],
+                                              bucket_cap_mb=0.25, **opts)
+    state = lowbit_torch.DDPState(bits=8, feedback="residual", crossover=0)
+    ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    steps = 5
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(accumulate - 1):
+            with ddp.no_sync():
+                (_loss(ddp, step, micro, autocast) / accumulate).backward()
+        (_loss(ddp, step, accumulate - 1, autocast) / accumulate).backward()
+        if step == 0:  # the averaged gradients: the mean within 8-bit error, not the own
+            got = torch.cat([p.grad.reshape(-1) for p in net.parameters()
+                             if p.grad is not None])
+            assert got.shape == mean.shape
+            assert (got - mean).norm() < 0.05 * mean.norm(), case
+            assert (local - mean).norm() > 0.2 * mean.norm()  # the ranks' data do differ
+            assert _all_same(got)
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    assert torch.isfinite(flat).all()
+    assert _all_same(flat), case
+    s = state.stats()
+    assert s["lowbit_calls"] >= steps and s.get("nccl_calls", 0) == 0
+    assert s["wire_bytes"] > 0 and s["wire_ratio"] > 0
+    if dist.get_rank() == 0:
+        print(f"[test_ranks] P={WORLD} ddp {case}: {s['lowbit_calls']} lowbit calls, "
+              f"{s.get('rebuilds', 0)} rebuilds, wire ratio {s['wire_ratio']:.3f}")
+
+
+# ------------------------------------------------------------------------- overlap
+
+class _Bucket:
+    """What ddp_hook reads of DDP's GradBucket."""
+
+    def __init__(self, index, tensor):
+        self._index, self._tensor = index, tensor
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._tensor
+
+
+def test_the_hooks_collectives_run_on_its_own_stream(ext, group):
+    ddp = nn.parallel.DistributedDataParallel(_Net().cuda(),
+                                              device_ids=[torch.cuda.current_device()],
+                                              bucket_cap_mb=0.25)
+    state = lowbit_torch.DDPState(bits=4, crossover=0)
+    ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
+    for step in range(3):  # past DDP's bucket rebuild
+        ddp.zero_grad()
+        _loss(ddp, step).backward()
+    torch.cuda.synchronize()
+    caller, hook = state.last_streams
+    assert caller == torch.cuda.current_stream().cuda_stream
+    assert hook == state.stream().cuda_stream != caller
+    assert state._buckets
+    for index in state._buckets:
+        assert state.handle(index).last_stream == hook, index
+
+
+def test_the_callers_stream_is_not_made_to_wait_for_the_collective(ext, group):
+    rank, n = dist.get_rank(), 128 * 1024
+    state = lowbit_torch.DDPState(bits=4, feedback="none", crossover=0)
+    # A first call builds the bucket's collective (which may synchronise the device).
+    lowbit_torch.ddp_hook(state, _Bucket(0, _inputs(n, torch.float32, rank, seed=29))).wait()
+    x = _inputs(n, torch.float32, rank, seed=30)
+    mean = torch.stack(_gathered(x)).mean(0)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with torch.cuda.stream(state.stream()):
+        torch.cuda._sleep(int(1e9))  # the hook's stream is busy for about half a second
+    fut = lowbit_torch.ddp_hook(state, _Bucket(0, x))
+    caller = torch.cuda.current_stream()
+    done = torch.cuda.Event()
+    done.record(caller)
+    done.synchronize()  # the caller's stream has reached past the hook...
+    assert not state.stream().query()  # ...while the collective still waits its turn
+    out = fut.wait()  # the caller's stream now waits for it (as DDP's finalize does)
+    torch.cuda.synchronize()
+    assert out is x
+    assert (x - mean).norm() < 0.2 * mean.norm()
+    assert _all_same(x)
+
+
+# ---------------------------------------------------------------------------- FSDP2
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(96, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(),
+                         nn.Linear(512, 10)).cuda()
+
+
+def _train(model, steps=10):
+    g = torch.Generator().manual_seed(dist.get_rank())  # each rank its own data
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 96, generator=g).cuda()
+        y = torch.randint(0, 10, (64,), generator=g).cuda()
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
+def test_fsdp_with_lowbit_collectives_keeps_every_rank_identical(ext, group,
+                                                                fully_shard_with_lowbit):
+    model = _model()
+    assert fully_shard_with_lowbit(model) == 4
+    losses = _train(model)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    flat = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+    assert _all_same(flat)
+
+
+# ------------------------------------------------------- last: a call that fails
+
+def test_ranks_that_disagree_get_agreement_error_and_nothing_written(ext, group):
+    rank = dist.get_rank()
+    h = ext.AllReduce(lowbit_torch.communicator(), torch.float32, 4096, "zero", "nearest", "none",
+                      True, 0, 0, "automatic")
+    n = 1000 if rank == 0 else 1020  # the same blocks, so every frame has the same size
+    x = _inputs(n, torch.float32, rank)
+    out = torch.full_like(x, -7.0)
+    h.run(x, out, 4)  # asynchronous: the kernels find the disagreement in the headers
+    torch.cuda.synchronize()
+    assert torch.all(out == -7.0)
+    with pytest.raises(lowbit_torch.AgreementError, match="count"):
+        h.run(x, out, 4)  # the next call raises, on every rank
