@@ -26,7 +26,12 @@ class full_precision_stage<backend::mpi, T> {
   /// backend duplicates it).
   full_precision_stage(const comm::mpi_comm& intra, std::size_t max_count, std::size_t block,
                        const collective_options& opts, const char* who)
-      : be_(intra, 0, 1), opts_(opts), who_(who), G_(intra.size()), me_(intra.rank()) {
+      : be_(intra, 0, 1),
+        opts_(opts),
+        who_(who),
+        G_(intra.size()),
+        me_(intra.rank()),
+        calls_(who, opts.timeout, G_, me_) {
     const std::size_t shard = schedule::shard(max_count, block, G_, 0).count;  // the largest
     const size_math m(who, max_count);
     const std::size_t slot = m.add(H, m.mul(shard, sizeof(T)));
@@ -126,15 +131,8 @@ class full_precision_stage<backend::mpi, T> {
  private:
   /// The call's expected header (seq: this stage's calls so far).
   call_check begin(std::size_t count, const char* what) {
-    frame_header h;
-    h.magic = frame_magic;
-    h.config = config_id<T, full_precision_stage>(fnv1a(what));
-    h.count = count;
-    h.seq = seq_++;
-    h.bits = 32;
-    h.rank = static_cast<std::uint32_t>(me_);
     gather_off_.assign(static_cast<std::size_t>(G_), 0);
-    return call_check(who_, h, opts_.timeout, G_);
+    return calls_.begin<T, full_precision_stage>(count, what);
   }
   /// A frame: the header, then the values of rank p's ranges of `shard`, back to back.
   template <class Ranges>
@@ -146,12 +144,6 @@ class full_precision_stage<backend::mpi, T> {
       std::memcpy(at, shard + r.begin, r.count * sizeof(T));
       at += r.count * sizeof(T);
     });
-  }
-  template <class Ranges>
-  static std::size_t values_of(const Ranges& ranges, int p) {
-    std::size_t n = 0;
-    ranges(p, [&](schedule::range r) { n += r.count; });
-    return n;
   }
   static const T* values(const std::byte* slot) { return reinterpret_cast<const T*>(slot + H); }
   /// Every peer's header; the agreement check before the call makes a mismatch here a
@@ -169,7 +161,7 @@ class full_precision_stage<backend::mpi, T> {
   collective_options opts_;
   const char* who_;
   int G_, me_;
-  std::uint32_t seq_ = 0;
+  stage_calls calls_;
   host_buffer<std::byte> send_, recv_;
   host_buffer<float> acc_;
   std::vector<std::size_t> send_bytes_, send_off_, recv_bytes_, recv_off_, gather_off_;

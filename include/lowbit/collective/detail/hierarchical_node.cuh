@@ -30,7 +30,12 @@ class full_precision_stage<backend::node, T> {
   /// every rank maps every other's).
   full_precision_stage(const comm::node_comm& intra, std::size_t max_count, std::size_t block,
                        const collective_options& opts, const char* who)
-      : be_(intra, 0, 1), opts_(opts), who_(who), G_(intra.size()), me_(intra.rank()) {
+      : be_(intra, 0, 1),
+        opts_(opts),
+        who_(who),
+        G_(intra.size()),
+        me_(intra.rank()),
+        calls_(who, opts.timeout, G_, me_) {
     const std::size_t shard = schedule::shard(max_count, block, G_, 0).count;  // the largest
     const size_math m(who, max_count);
     const std::size_t slot = m.add(m.add(H, m.mul(shard, sizeof(T))), 15) & ~std::size_t(15);
@@ -169,15 +174,8 @@ class full_precision_stage<backend::node, T> {
   /// The call's expected header (seq: this stage's calls so far); starts the backend's
   /// lanes on the caller's stream.
   call_check begin(std::size_t count, const char* what, cudaStream_t stream) {
-    frame_header h;
-    h.magic = frame_magic;
-    h.config = config_id<T, full_precision_stage>(fnv1a(what));
-    h.count = count;
-    h.seq = seq_++;
-    h.bits = 32;
-    h.rank = static_cast<std::uint32_t>(me_);
     be_.begin(stream, false);
-    return call_check(who_, h, opts_.timeout, G_);
+    return calls_.begin<T, full_precision_stage>(count, what);
   }
   /// Frames of `n` values start 16-byte aligned (the transfers move 16-byte words).
   static std::size_t slot_bytes(std::size_t n) {
@@ -211,18 +209,12 @@ class full_precision_stage<backend::node, T> {
     kernels::copy_raw(c, check, stream);
     c.pieces = c.stamps = 0;
   }
-  template <class Ranges>
-  static std::size_t values_of(const Ranges& ranges, int p) {
-    std::size_t n = 0;
-    ranges(p, [&](schedule::range r) { n += r.count; });
-    return n;
-  }
 
   impl be_;
   collective_options opts_;
   const char* who_;
   int G_, me_;
-  std::uint32_t seq_ = 0;
+  stage_calls calls_;
   bool reported_ = false;
   impl::transfer_buffer send_, recv_;
   device_buffer<T> scratch_;  ///< the sum of a call whose pieces are not contiguous

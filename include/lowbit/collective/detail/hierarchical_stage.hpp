@@ -6,6 +6,7 @@
 // hierarchical_nccl.cuh and hierarchical_node.cuh).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "lowbit/collective/all_gather.hpp"
 #include "lowbit/collective/detail/agreement.hpp"
+#include "lowbit/collective/detail/call_state.hpp"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/collective/reduce_scatter.hpp"
 #include "lowbit/collective/types.hpp"
@@ -41,6 +43,43 @@ class full_precision_stage {
                 "lowbit/collective/mpi.hpp, lowbit/collective/nccl.cuh or "
                 "lowbit/collective/node.cuh");
 };
+
+/// The calls of a full-precision node-local stage that moves frames of its own (the MPI
+/// and node backends'): each stage call (stage 1 or 3, or a chunk of one) is numbered in a
+/// call_state, and every frame of it carries the header begin() returns.
+class stage_calls {
+ public:
+  stage_calls(const char* who, std::chrono::milliseconds timeout, int ranks, int rank)
+      : who_(who), timeout_(timeout), ranks_(ranks), rank_(rank) {}
+
+  /// The next call's expected header: `Stage` and `what` name the stage (config), with the
+  /// count and this stage's call number.
+  template <class T, class Stage>
+  call_check begin(std::size_t count, const char* what) {
+    frame_header h;
+    h.magic = frame_magic;
+    h.config = config_id<T, Stage>(fnv1a(what));
+    h.count = count;
+    h.seq = calls_.begin(count);
+    h.bits = 32;
+    h.rank = static_cast<std::uint32_t>(rank_);
+    return call_check(who_, h, timeout_, ranks_);
+  }
+
+ private:
+  const char* who_;
+  std::chrono::milliseconds timeout_;
+  int ranks_, rank_;
+  call_state calls_;
+};
+
+/// The values rank p's pieces hold: the sum of the ranges ranges(p, f) names.
+template <class Ranges>
+std::size_t values_of(const Ranges& ranges, int p) {
+  std::size_t n = 0;
+  ranges(p, [&](schedule::range r) { n += r.count; });
+  return n;
+}
 
 /// How a hierarchical call's chunked stages wait for each other, by what orders the work
 /// (the backends' stream_type): events between two CUDA streams
