@@ -19,10 +19,10 @@
 #include <vector>
 
 #include <lowbit/comm/mpi_bootstrap.hpp>
-#include <lowbit/transport/copy_engines.cuh>
-#include <lowbit/transport/peer_stores.cuh>
-#include <lowbit/transport/policy.hpp>
-#include <lowbit/transport/window_buffer.cuh>
+#include <lowbit/transport/nccl/copy_engines.cuh>
+#include <lowbit/transport/nccl/peer_stores.cuh>
+#include <lowbit/transport/nccl/policy.hpp>
+#include <lowbit/transport/nccl/window_buffer.cuh>
 
 #include "lowbit_perf/timing.hpp"
 

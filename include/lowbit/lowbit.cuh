@@ -4,4 +4,4 @@
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/kernels/kernels.cuh"
 #include "lowbit/lowbit.hpp"
-#include "lowbit/transport/frame_mover.cuh"
+#include "lowbit/transport/nccl/frame_mover.cuh"

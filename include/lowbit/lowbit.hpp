@@ -12,5 +12,5 @@
 #include "lowbit/core/span.hpp"
 #include "lowbit/feedback/refs.hpp"
 #include "lowbit/host/codec_executor.hpp"
-#include "lowbit/transport/policy.hpp"
+#include "lowbit/transport/nccl/policy.hpp"
 #include "lowbit/version.hpp"

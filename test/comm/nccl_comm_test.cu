@@ -7,7 +7,7 @@
 
 #include "lowbit/collective/nccl.cuh"
 #include "lowbit/comm/mpi_bootstrap.hpp"
-#include "lowbit/transport/copy_engines.cuh"
+#include "lowbit/transport/nccl/copy_engines.cuh"
 
 // No `using namespace lowbit` at file scope: nvcc's stub code calls ::round, which
 // lowbit::round would make ambiguous.

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lowbit/comm/node_comm.hpp"
-#include "lowbit/transport/ipc_mover.cuh"
+#include "lowbit/transport/ipc/ipc_mover.cuh"
 
 namespace {
 

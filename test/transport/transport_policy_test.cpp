@@ -9,7 +9,7 @@
 #include <string>
 
 #include "lowbit/collective/types.hpp"
-#include "lowbit/transport/policy.hpp"
+#include "lowbit/transport/nccl/policy.hpp"
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/transport/frame_transport.hpp"
-#include "lowbit/transport/policy.hpp"
+#include "lowbit/transport/nccl/policy.hpp"
 
 namespace lowbit {
 

@@ -16,8 +16,8 @@
 #include "lowbit/collective/detail/device_steps.cuh"
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/comm/nccl_comm.hpp"
-#include "lowbit/transport/frame_mover.cuh"
-#include "lowbit/transport/window_buffer.cuh"
+#include "lowbit/transport/nccl/frame_mover.cuh"
+#include "lowbit/transport/nccl/window_buffer.cuh"
 
 namespace lowbit::detail {
 

@@ -22,8 +22,8 @@
 #include "lowbit/collective/detail/engine.hpp"
 #include "lowbit/comm/node_comm.hpp"
 #include "lowbit/comm/stream_wait.hpp"
-#include "lowbit/transport/ipc_mover.cuh"
-#include "lowbit/transport/ipc_window.hpp"
+#include "lowbit/transport/ipc/ipc_mover.cuh"
+#include "lowbit/transport/ipc/ipc_window.hpp"
 
 namespace lowbit::detail {
 

@@ -19,7 +19,7 @@
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/nccl_try.hpp"
-#include "lowbit/transport/window_buffer.cuh"
+#include "lowbit/transport/nccl/window_buffer.cuh"
 
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 22800 && defined(NCCL_CTA_POLICY_ZERO)
 #define LOWBIT_HAS_NCCL_ZERO_CTA 1

@@ -20,7 +20,7 @@
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/nccl_try.hpp"
-#include "lowbit/transport/window_buffer.cuh"
+#include "lowbit/transport/nccl/window_buffer.cuh"
 
 #if LOWBIT_HAS_NCCL_WINDOWS && NCCL_VERSION_CODE >= 22800
 #define LOWBIT_HAS_NCCL_LSA 1

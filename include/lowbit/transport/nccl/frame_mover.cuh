@@ -15,11 +15,11 @@
 #include "lowbit/comm/nccl_comm.hpp"
 #include "lowbit/core/error.hpp"
 #include "lowbit/core/nccl_try.hpp"
-#include "lowbit/transport/copy_engines.cuh"
+#include "lowbit/transport/nccl/copy_engines.cuh"
 #include "lowbit/transport/frame_transport.hpp"
-#include "lowbit/transport/peer_stores.cuh"
-#include "lowbit/transport/policy.hpp"
-#include "lowbit/transport/window_buffer.cuh"
+#include "lowbit/transport/nccl/peer_stores.cuh"
+#include "lowbit/transport/nccl/policy.hpp"
+#include "lowbit/transport/nccl/window_buffer.cuh"
 
 namespace lowbit::transport {
 

@@ -33,7 +33,7 @@
 #include "lowbit/comm/node_comm.hpp"
 #include "lowbit/core/config.hpp"
 #include "lowbit/core/error.hpp"
-#include "lowbit/transport/ipc_window.hpp"
+#include "lowbit/transport/ipc/ipc_window.hpp"
 
 namespace lowbit::transport {
 
