@@ -196,6 +196,54 @@ class DDPState:
         """Bucket ``index``'s collective (its step, algorithm, last_stream...)."""
         return self._buckets[index]
 
+    # The options a checkpoint's feedback state only makes sense under.
+    _STATE_OPTIONS = ("grid", "rounding", "feedback", "seed")
+
+    def state_dict(self):
+        """What a resume needs to continue bit-identically: per bucket its collective's size,
+        dtype, step and feedback state (host copies), the bits, and the crossovers measured.
+        Synchronises with the hook's streams (the state must be complete)."""
+        for s in self._streams.values():
+            s.synchronize()
+        buckets = {}
+        for index, h in self._buckets.items():
+            worker = h.worker_state(h.max_count)
+            replicated = h.replicated_state(h.max_count)
+            buckets[index] = {
+                "max_count": h.max_count, "dtype": h.dtype, "step": h.step,
+                "worker": worker.cpu() if worker.numel() else None,
+                "replicated": replicated.cpu() if replicated.numel() else None,
+            }
+        return {"version": 1, "bits": self.bits, "buckets": buckets,
+                "calibrated": dict(self._calibrated),
+                **{k: getattr(self, k) for k in self._STATE_OPTIONS}}
+
+    def load_state_dict(self, state):
+        """Restores a state_dict() taken with the same grid, rounding, feedback and seed on
+        a group of the same size (every rank loads its own). Each bucket's collective is
+        built at the checkpoint's size, so the first steps after the resume reuse it, as the
+        run that was saved would have."""
+        if state.get("version") != 1:
+            raise ValueError("lowbit_torch.DDPState.load_state_dict: not a DDPState state_dict "
+                             f"(version {state.get('version')!r})")
+        for k in self._STATE_OPTIONS:
+            if state[k] != getattr(self, k):
+                raise ValueError(f"lowbit_torch.DDPState.load_state_dict: the checkpoint has "
+                                 f"{k}={state[k]!r}, this state {k}={getattr(self, k)!r}")
+        self._check_bits(state["bits"])
+        self.bits = state["bits"]
+        self._calibrated = dict(state["calibrated"])
+        self._buckets = {}
+        device = torch.device("cuda", torch.cuda.current_device())
+        empty = torch.empty(0, device=device)
+        for index, b in state["buckets"].items():
+            h = self._new_handle(b["dtype"], b["max_count"])
+            worker = empty if b["worker"] is None else b["worker"].to(device)
+            replicated = empty if b["replicated"] is None else b["replicated"].to(device)
+            h.load_state(worker.contiguous(), replicated.contiguous(), b["step"])
+            self._buckets[index] = h
+        torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
+
     def worker_state(self, index):
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""
         h = self._buckets[index]

@@ -153,6 +153,8 @@ void bind_collectives(pybind11::module_& m) {
       .def("worker_state", &all_reduce_handle::worker_state, py::arg("count"))
       .def("replicated_state", &all_reduce_handle::replicated_state, py::arg("count"))
       .def("reset_feedback", &all_reduce_handle::reset_feedback)
+      .def("load_state", &all_reduce_handle::load_state, py::arg("worker"), py::arg("replicated"),
+           py::arg("step"))
       .def_property_readonly("last_stream", &all_reduce_handle::last_stream)
       .def_property_readonly("backend", &all_reduce_handle::backend);
 

@@ -48,6 +48,11 @@ class all_reduce_handle {
   /// A copy of EF21's replicated g; empty for other feedback.
   virtual at::Tensor replicated_state(std::int64_t count) const = 0;
   virtual void reset_feedback() = 0;
+  /// Restores what worker_state(), replicated_state() and step() returned (a checkpoint):
+  /// the states' first numel() elements (CUDA tensors of the state's dtype; empty where the
+  /// feedback has none) and the step, copied on the current stream.
+  virtual void load_state(const at::Tensor& worker, const at::Tensor& replicated,
+                          std::int64_t step) = 0;
   /// The cudaStream_t (as an integer) the last run() was enqueued on; 0 before any.
   virtual std::int64_t last_stream() const = 0;
   /// "nccl" or "node".

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 
@@ -26,6 +27,26 @@ at::Tensor copy_state(const R* p, std::int64_t count, std::int64_t max_count) {
   C10_CUDA_CHECK(cudaMemcpyAsync(t.data_ptr(), p, count * sizeof(R), cudaMemcpyDeviceToDevice,
                                  current_stream()));
   return t;
+}
+
+/// Copies `t` (a checkpoint's copy of `count` elements of device state) back into `p`,
+/// on the current stream; `t` must be empty exactly when there is no state (p null).
+template <class R>
+void load_state(R* p, const at::Tensor& t, std::int64_t max_count, const char* what) {
+  if (p == nullptr) {
+    TORCH_CHECK_VALUE(!t.defined() || t.numel() == 0, "lowbit_torch: ", what,
+                      ": this collective's feedback keeps no such state, but the checkpoint has ",
+                      t.numel(), " values of it");
+    return;
+  }
+  TORCH_CHECK_VALUE(t.defined(), "lowbit_torch: ", what, ": the checkpoint has no state");
+  TORCH_CHECK_VALUE(t.is_cuda() && t.is_contiguous() && t.scalar_type() == scalar_type_of<R>(),
+                    "lowbit_torch: ", what, ": the state must be a contiguous CUDA tensor of ",
+                    scalar_type_of<R>(), ", got ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK_VALUE(t.numel() <= max_count, "lowbit_torch: ", what, ": ", t.numel(),
+                    " values is over the collective's max_count ", max_count);
+  C10_CUDA_CHECK(cudaMemcpyAsync(p, t.data_ptr(), t.numel() * sizeof(R), cudaMemcpyDeviceToDevice,
+                                 current_stream()));
 }
 
 /// dynamic_all_reduce seen at one width, as calibrate_crossover expects a collective.
@@ -126,6 +147,21 @@ class all_reduce_impl final : public all_reduce_handle {
                                      count, max_count());
   }
   void reset_feedback() override { coll_.reset_feedback(); }
+  void load_state(const at::Tensor& worker, const at::Tensor& replicated,
+                  std::int64_t step) override {
+    TORCH_CHECK_VALUE(step >= 0 && step <= std::int64_t{UINT32_MAX},
+                      "lowbit_torch: load_state: step ", step, " is outside [0, 2^32)");
+    auto& state = coll_.feedback_state();
+    const auto ref = state.worker_ref();
+    if constexpr (!Feedback::worker)
+      detail::load_state<float>(nullptr, worker, max_count(), "worker state");
+    else if constexpr (Feedback::replicated)
+      detail::load_state(ref.g, worker, max_count(), "worker state");
+    else
+      detail::load_state(ref.e, worker, max_count(), "worker state");
+    detail::load_state(state.replicated(), replicated, max_count(), "replicated state");
+    coll_.set_step(static_cast<std::uint32_t>(step));
+  }
 
  private:
   std::shared_ptr<detail::comm_of<Backend>> comm_;  // before coll_: it outlives it

@@ -17,6 +17,7 @@ nccl forces the choice.
   no_sync gradient accumulation, autocast): every rank ends with identical parameters,
   and the first step's gradients are the ranks' mean within the codec's error (far from
   any one rank's own, so a hook that exchanged nothing fails).
+- A DDPState's state_dict() resumes a run bit-identically (and a fresh state does not).
 - The hook's collectives run on the hook's stream, never the caller's, and the caller's
   stream is not made to wait for them.
 - FSDP2 with lowbit's collectives: identical parameters on every rank."""
@@ -219,6 +220,50 @@ def test_ddp_with_the_hook_trains_identically_on_every_rank(ext, group, case):
     if dist.get_rank() == 0:
         print(f"[test_ranks] P={WORLD} ddp {case}: {s['lowbit_calls']} lowbit calls, "
               f"{s.get('rebuilds', 0)} rebuilds, wire ratio {s['wire_ratio']:.3f}")
+
+
+def test_a_resumed_ddp_state_continues_bit_identically(ext, group):
+    """Three steps, a checkpoint (parameters, optimizer, DDPState), two more steps; then a
+    fresh model, optimizer, DDP and DDPState loaded from the checkpoint run the same two
+    steps: the same bits. Without the DDPState's state (fresh feedback) they differ."""
+    import copy
+
+    def run(params, opt_state, lowbit_state, first, steps):
+        torch.manual_seed(0)
+        net = _Net().cuda()
+        if params is not None:
+            with torch.no_grad():
+                for p, q in zip(net.parameters(), params):
+                    p.copy_(q)
+        ddp = nn.parallel.DistributedDataParallel(net, device_ids=[torch.cuda.current_device()],
+                                                  bucket_cap_mb=0.25)
+        state = lowbit_torch.DDPState(bits=4, feedback="residual", crossover=0)
+        if lowbit_state is not None:
+            state.load_state_dict(lowbit_state)
+        ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        saved = None
+        for step in range(first, first + steps):
+            if step == first + 3 and params is None:  # the checkpoint, after three steps
+                saved = ([p.detach().clone() for p in net.parameters()],
+                         copy.deepcopy(opt.state_dict()), state.state_dict())
+            opt.zero_grad()
+            _loss(ddp, step).backward()
+            opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        return flat, saved
+
+    straight, saved = run(None, None, None, 0, 5)
+    params, opt_state, lowbit_state = saved
+    assert any(b["worker"] is not None and b["worker"].abs().sum() > 0
+               for b in lowbit_state["buckets"].values())  # there is feedback state to keep
+    resumed, _ = run(params, opt_state, lowbit_state, 3, 2)
+    assert torch.equal(resumed, straight)
+    fresh, _ = run(params, opt_state, None, 3, 2)
+    assert not torch.equal(fresh, straight)  # the state mattered: the test can fail
+    assert _all_same(resumed)
 
 
 # ------------------------------------------------------------------------- overlap
