@@ -83,10 +83,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   const std::size_t groups = (count + 31) / 32;
   const std::size_t tiles = (count + layout::values_per_warp - 1) / layout::values_per_warp;
   const std::size_t codes_offset = Codec::codes_offset(count);
-  // Judged before the warp's first store, once per CTA: a stranger's frame leaves the
-  // output untouched.
-  __shared__ unsigned verdict;
-  const cta_header_probe probe(check, &verdict);
+  // Judged before the warp's first store: a stranger's frame leaves the output untouched.
+  // Per warp, not once per CTA (cta_header_probe): decode has little to do before its
+  // first store, and its warps waiting for warp 0's verdict measured slower (decode_hdr,
+  // fp32 4-bit 256 MiB on one H200: 0.745 of a copy per CTA, 0.855 per warp;
+  // docs/results/2026-12-03-codec-one-h200.md).
+  const header_probe probe(check);
 
   for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, groups);
