@@ -139,11 +139,12 @@ class AppliedPlan(unittest.TestCase):
 
     def test_own_outputs_released_after_the_last_consumer(self):
         # q at fp32 in a bf16 ambient: its own output is kept until the last op the model
-        # JSON lists as consuming it has started (o, and att.ln, which the recording sees
-        # reach q through the in-place residual), and let go then.
+        # JSON lists as consuming it has started, and let go then. That op is o, which
+        # reads q's output through the functional attention; ln reads o's output (plus the
+        # residual added in place), not q's.
         plan = {"default": "bf16", "ops": {"att.q": "fp32"}}
         last = [o["name"] for o in self.model_json["ops"] if "att.q" in o["inputs"]][-1]
-        self.assertEqual(last, "att.ln")
+        self.assertEqual(last, "att.o")
         with applied_plan(self.model, plan, self.model_json, device_type="cpu") as ap:
             held = {}
 
@@ -152,11 +153,12 @@ class AppliedPlan(unittest.TestCase):
                     held.setdefault(name, len(ap.kept))  # returns None: args unchanged
                 return hook
 
-            hooks = [self.model.att.o.register_forward_pre_hook(count("att.o")),
+            hooks = [self.model.att.v.register_forward_pre_hook(count("att.v")),
                      self.model.fc1.register_forward_pre_hook(count("fc1"))]
             with ap.step_context():
                 self.step()
             for h in hooks:
                 h.remove()
-        self.assertEqual(held, {"att.o": 1, "fc1": 0})
+        # held while v runs (after q, before o), let go by the time fc1 runs
+        self.assertEqual(held, {"att.v": 1, "fc1": 0})
 
