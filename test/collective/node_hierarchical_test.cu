@@ -111,6 +111,36 @@ TEST_CASE("hierarchical_all_reduce on the node backend: checked mode, and a code
   }
 }
 
+TEST_CASE("hierarchical_all_reduce on the node backend in bfloat16: the host's bits") {
+  // The node stage sums in fp32 and rounds once to bf16, as the host stage does.
+  using bf16 = __nv_bfloat16;
+  std::uint64_t salt = 300;
+  for (const auto& [N, G] : shapes()) {
+    INFO(N << " x " << G);
+    const int me = world_rank();
+    shape_comms c(G);
+    collective_options o;
+    o.seed = shared_seed() + salt++;
+    const std::size_t count = 50001;
+    node::hierarchical_all_reduce<bf16, C4n, feedback::residual<bf16>, full_precision, chunked> dev(
+        c.intra, c.inter, count, o);
+    mpi::hierarchical_all_reduce<bf16, C4n, feedback::residual<bf16>, full_precision, chunked> host(
+        c.mc.intra, c.mc.inter, count, o);
+    dvec<bf16> d(count);
+    for (int s = 0; s < 2; ++s) {
+      const auto x = convert<bf16>(make_input(input_kind::normal, count, me, 600 + s));
+      d.from(x);
+      dev.async(d.p, d.p, count, g_stream);
+      dev.sync(g_stream);
+      std::vector<bf16> want(count);
+      host(x.data(), want.data(), count);
+      const auto got = d.get(count);
+      CHECK(std::memcmp(got.data(), want.data(), count * sizeof(bf16)) == 0);
+      CHECK(same_on_all_ranks(got.data(), count * sizeof(bf16)));
+    }
+  }
+}
+
 TEST_CASE("hierarchical_reduce_scatter on the node backend: the host's bits, chunked or not") {
   for (const auto& [N, G] : shapes()) {
     const int me = world_rank();
