@@ -1,4 +1,5 @@
-"""Applies a lowbit-plan plan to an nn.Module as per-module autocast.
+"""Applies a lowbit-plan plan to an nn.Module as per-module autocast, and fp8 GEMMs for
+the linear layers a plan puts at fp8 (fp8.py: anything else at fp8 is refused by name).
 
 The whole step runs under the plan's ambient precision (the one most parameter ops
 take: autocast at fp16/bf16, nothing at fp32), exactly as a uniform profile ran, and
@@ -53,8 +54,14 @@ from typing import Dict
 
 import torch
 
+from . import fp8
 from .attribution import OpTracker, leaf_modules, map_tensors
-from .export import DTYPES, precision_context
+from .export import DTYPES as _AUTOCAST_DTYPES
+from .export import precision_context
+
+# What each precision hands the ops after it: fp8 ops compute fp8 GEMMs and return
+# bf16 (fp8.CARRIER), the dtype the code around them runs at.
+DTYPES = dict(_AUTOCAST_DTYPES, fp8=fp8.CARRIER)
 from .qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_wrap,
                          plan_precisions, resolve_precisions)
 
@@ -84,25 +91,51 @@ class applied_plan:
                  device_type: str = "cuda"):
         self.model, self.device_type = model, device_type
         self.per_op: Dict[str, str] = plan_precisions(plan, model_json)
+        modules = dict(model.named_modules())
+        function_ops = {o["name"] for o in model_json["ops"] if o.get("call") == "function"}
+        named = (plan["groups"][0] if "groups" in plan else plan).get("ops", {})
+        self.fp8_ops = set()
+        for op in sorted(op for op, p in self.per_op.items() if p == "fp8"):
+            try:
+                if op in function_ops or module_of(op) not in modules:
+                    raise fp8.Fp8Unsupported(f"qsync fp8: op {op!r} is a function call, not a "
+                                             "linear layer: only linear layers run at fp8")
+                fp8.check_op(op, modules[module_of(op)])
+                self.fp8_ops.add(op)
+            except fp8.Fp8Unsupported:
+                # An op the plan names at fp8 must run there; one that only took fp8 from
+                # the plan's default runs at fp8's carrier, as under Transformer Engine.
+                if named.get(op) == "fp8":
+                    raise
+                self.per_op[op] = "bf16"
+        # fp8 is a precision of GEMMs only: where it is the most common, the code around
+        # them runs at its carrier, bf16 (as Transformer Engine runs it under bf16 autocast)
         self.ambient = ambient_precision(self.per_op)
-        self.resolved: Dict[str, str] = resolve_precisions(self.per_op, model_json)
+        if self.ambient == "fp8":
+            self.ambient = "bf16"
+        # A parameter-free op after an fp8 op follows its input's dtype, the carrier.
+        self.resolved: Dict[str, str] = {
+            n: ("bf16" if p == "fp8" and n not in self.fp8_ops else p)
+            for n, p in resolve_precisions(self.per_op, model_json).items()}
         # Ops with parameters at another precision or fed by one, and parameter-free ops
         # that follow an input at another precision than the ambient.
         self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)
         self.wrapped.update({n: p for n, p in self.resolved.items() if p != self.ambient})
+        self.wrapped = {n: ("bf16" if p == "fp8" and n not in self.fp8_ops else p)
+                        for n, p in self.wrapped.items()}
         self.consumers = consumer_counts(model_json)
         self.model_json_ops = model_json["ops"]
         self.inputs = {o["name"]: [i for i in dict.fromkeys(o.get("inputs", []))
                                    if i not in o.get("weights_from", ())]
                        for o in model_json["ops"]}
-        modules = dict(model.named_modules())
         unknown = [op for op in self.per_op if module_of(op) not in modules]
         if unknown:
             raise ValueError("plan names ops with no module: %s" % ", ".join(unknown[:5]))
         bad = sorted({p for p in self.wrapped.values() if p not in DTYPES} |
                      ({self.ambient} - set(DTYPES)))
         if bad:
-            raise ValueError("precision(s) %s cannot be applied by autocast" % ", ".join(bad))
+            raise ValueError("precision(s) %s cannot be applied (autocast's, and fp8 for "
+                             "linear layers)" % ", ".join(bad))
 
     def step_context(self):
         """The ambient precision's context (autocast at 16 bits)."""
@@ -125,6 +158,16 @@ class applied_plan:
         self.pending: Dict[str, int] = {}
         self.open: Dict[str, object] = {}
         self.tracker = None
+        # fp8 ops: the module's forward replaced by fp8 GEMMs for the context's life (its
+        # hooks still run around it); restored on exit.
+        self.patched = []
+        modules = dict(self.model.named_modules())
+        for op in sorted(self.fp8_ops):
+            m = modules[module_of(op)]
+            if any(m is q for q, _ in self.patched):
+                continue
+            self.patched.append((m, m.__dict__.get("forward")))
+            m.forward = fp8.forward_of(m)
         # Hooks only on the modules of wrapped ops (every op at another precision than
         # the ambient and every consumer of one is wrapped): a module hook costs host
         # time on every call, which no profile holds; a uniform plan installs none.
@@ -188,7 +231,7 @@ class applied_plan:
         p = self.wrapped.get(op)
         if p is None:
             return (args, kwargs) if foreign else None
-        if p == "fp32":
+        if p in ("fp32", "fp8"):  # fp8: the GEMMs set their own dtypes
             ctx = torch.autocast(self.device_type, enabled=False)
         else:
             ctx = torch.autocast(self.device_type, dtype=DTYPES[p])
@@ -216,5 +259,11 @@ class applied_plan:
         for ctx in self.open.values():
             ctx.__exit__(None, None, None)
         self.open.clear()
+        for m, forward in self.patched:
+            if forward is None:
+                del m.forward
+            else:
+                m.forward = forward
+        self.patched = []
         self._reset()
         return False

@@ -1,0 +1,140 @@
+"""fp8 linear layers for plans that put ops in fp8 (apply_plan.py).
+
+A linear op at fp8 runs its three GEMMs through ``torch._scaled_mm``:
+
+- forward      y  = x W^T + b      x and W in e4m3 (3 mantissa bits, max 448)
+- backward     dx = dy W           dy in e5m2 (2 mantissa bits, max 57344), W in e4m3
+               dW = dy^T x         dy in e5m2, x in e4m3
+               db = sum(dy)        in the gradient's own dtype
+
+Scaling is per tensor and current (the scale of a tensor is its amax at this call over the
+format's largest finite value; a tensor of zeros gets scale 1), the rule torchao's float8
+calls "dynamic" scaling; no amax history. The parameters keep their master copy at the
+precision the model holds them in (fp32): only the GEMM operands are fp8. The output is
+in ``CARRIER`` (bf16), the dtype an fp8 op hands the ops after it, and the GEMMs accumulate
+in fp32.
+
+Which modules: ``nn.Linear`` and transformers' ``Conv1D`` (a linear with its weight stored
+transposed). Anything else at fp8 is refused by name (``Fp8Unsupported``), never run at
+another precision silently. ``torch._scaled_mm`` on CUDA wants the GEMM's dimensions to be
+multiples of 16; an op whose are not is refused by name too.
+
+Error (what the tests hold the GEMMs to): rounding to a format with m mantissa bits moves
+a value by at most u = 2^-(m+1) of itself (e4m3: 1/16, e5m2: 1/8), and a value below the
+smallest subnormal times the scale (2^-9 and 2^-16 of the scale) by at most half of that;
+a product of two rounded operands is off by (u_a + u_b + u_a u_b) |a b| plus the
+subnormal terms, summed over the dot product; the output's rounding to bf16 adds 2^-8 of
+it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+CARRIER = torch.bfloat16
+MAX = {E4M3: 448.0, E5M2: 57344.0}
+#: the unit roundoff of each format (half an ulp at 1), and its smallest subnormal
+UNIT = {E4M3: 2.0 ** -4, E5M2: 2.0 ** -3}
+TINY = {E4M3: 2.0 ** -9, E5M2: 2.0 ** -16}
+ALIGN = 16
+
+
+class Fp8Unsupported(ValueError):
+    """An op a plan puts at fp8 that the fp8 path cannot run (named)."""
+
+
+def quantize(t: torch.Tensor, fmt):
+    """(t / scale in `fmt`, scale as a 0-d fp32 tensor): current per-tensor scaling."""
+    amax = t.detach().abs().amax().float()
+    scale = torch.where(amax > 0, amax / MAX[fmt], torch.ones_like(amax))
+    q = (t.float() / scale).clamp(-MAX[fmt], MAX[fmt]).to(fmt)
+    return q, scale
+
+
+def _col_major(t: torch.Tensor) -> torch.Tensor:
+    """The same matrix stored column-major (what _scaled_mm wants of its second operand)."""
+    return t.t().contiguous().t()
+
+
+def _mm(a, sa, b, sb, out_dtype):
+    """(a * sa) @ (b * sb) from fp8 operands, a row-major, b column-major."""
+    return torch._scaled_mm(a.contiguous(), _col_major(b), scale_a=sa, scale_b=sb,
+                            out_dtype=out_dtype)
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, sx = quantize(x2, E4M3)
+        wq, sw = quantize(weight, E4M3)
+        y = _mm(xq, sx, wq.t(), sw, CARRIER)
+        if bias is not None:
+            y = y + bias.to(CARRIER)
+        ctx.save_for_backward(xq, sx, wq, sw)
+        ctx.meta = (shape, x.dtype, weight.dtype, bias is not None,
+                    None if bias is None else bias.dtype)
+        return y.reshape(*shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, sx, wq, sw = ctx.saved_tensors
+        shape, x_dtype, w_dtype, has_bias, b_dtype = ctx.meta
+        g = dy.reshape(-1, dy.shape[-1])
+        gq, sg = quantize(g, E5M2)
+        dx = _mm(gq, sg, wq, sw, torch.float32).to(x_dtype).reshape(shape)
+        dw = _mm(gq.t(), sg, xq, sx, torch.float32).to(w_dtype)
+        db = g.float().sum(0).to(b_dtype) if has_bias else None
+        return dx, dw, db
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """y = x W^T + b with fp8 GEMMs (the module docstring); W is [out, in]."""
+    return _Fp8Linear.apply(x, weight, bias)
+
+
+def linear_parts(module: torch.nn.Module):
+    """(weight as [out, in], bias) of a linear-like module, or None for any other."""
+    if isinstance(module, torch.nn.Linear):
+        return module.weight, module.bias
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # transformers (GPT-2)
+        return module.weight.t(), module.bias
+    return None
+
+
+def check_op(name: str, module: torch.nn.Module):
+    """Raises Fp8Unsupported naming `name` unless its module can run at fp8."""
+    parts = linear_parts(module)
+    if parts is None:
+        raise Fp8Unsupported(f"qsync fp8: op {name!r} is a {type(module).__name__}: only linear "
+                             "layers (nn.Linear, transformers' Conv1D) run at fp8")
+    out_f, in_f = parts[0].shape
+    if out_f % ALIGN or in_f % ALIGN:
+        raise Fp8Unsupported(f"qsync fp8: op {name!r} is {in_f} -> {out_f}: fp8 GEMMs need both "
+                             f"dimensions multiples of {ALIGN}")
+
+
+def forward_of(module: torch.nn.Module):
+    """A forward for `module` (linear-like, check_op passed) with fp8 GEMMs."""
+    def forward(x, *args, **kwargs):
+        weight, bias = linear_parts(module)
+        return linear(x, weight, bias)
+    return forward
+
+
+def gemm_bound(a: torch.Tensor, b: torch.Tensor, fa, fb, sa: float, sb: float,
+               out_rounding: float = 2.0 ** -8) -> torch.Tensor:
+    """Elementwise bound on |fp8 GEMM(a, b) - a @ b| (fp64 inputs): the module docstring's
+    sum over the dot product of each product's error, plus the output's rounding."""
+    ua, ub = UNIT[fa], UNIT[fb]
+    ta, tb = TINY[fa] * sa / 2, TINY[fb] * sb / 2  # a flushed value's error, at most
+    aa, bb = a.abs(), b.abs()
+    rel = (ua + ub + ua * ub) * (aa @ bb)
+    sub = ta * (1 + ub) * bb.sum(0, keepdim=True) + tb * (1 + ua) * aa.sum(1, keepdim=True) \
+        + ta * tb * a.shape[1]
+    exact = (aa @ bb) + rel + sub
+    accumulate = a.shape[1] * 2.0 ** -24 * exact  # fp32 sums of K products
+    return rel + sub + accumulate + out_rounding * exact
