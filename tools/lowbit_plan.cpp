@@ -52,6 +52,10 @@ options:
   --target-slack PCT    target: the fastest uniform plan's predicted time plus PCT
                         percent (e.g. 5: the most ops at high precision within 5% of
                         the fastest plan); --target-ms wins when both are given
+  --target-speedup PCT  target: keep PCT percent of the fastest uniform plan's speed-up
+                        over uniform --speedup-over (default bf16): e.g. 80 on Hopper
+                        with fp8 in the menu, the fewest, least sensitive fp8 ops that
+                        keep 80% of uniform fp8's speed-up over bf16
   --comm-bits LIST      candidate bucket bit-widths, ascending (default 4,8,16,32;
                         16 = bf16, 32 = fp32)
   --solver greedy|exact greedy (default) or the exact branch and bound (small models)
@@ -103,7 +107,9 @@ struct options {
   std::string traces, plain_traces, plan_file, json_out;
   int batch = 0, seq = 384;
   double target_ms = 0;
-  double target_slack = -1;  // percent over the fastest uniform plan; < 0: not given
+  double target_slack = -1;    // percent over the fastest uniform plan; < 0: not given
+  double target_speedup = -1;  // percent of the fastest plan's speed-up over the reference
+  std::string speedup_over = "bf16";
   std::vector<int> comm_bits = {4, 8, 16, 32};
   int ranks_per_node = 0;
   std::string inter_link = "ib-ndr", intra_link = "nvlink4";
@@ -147,6 +153,12 @@ options parse_args(int argc, char** argv) {
     } else if (a == "--target-ms") {
       o.target_ms = to_number(a, value());
       if (!(o.target_ms > 0)) throw usage_error("--target-ms must be positive");
+    } else if (a == "--target-speedup") {
+      o.target_speedup = to_number(a, value());
+      if (!(o.target_speedup >= 0 && o.target_speedup <= 100))
+        throw usage_error("--target-speedup must lie in [0, 100] (percent)");
+    } else if (a == "--speedup-over") {
+      o.speedup_over = value();
     } else if (a == "--target-slack") {
       o.target_slack = to_number(a, value());
       if (!(o.target_slack >= 0)) throw usage_error("--target-slack must be >= 0 (percent)");
@@ -478,15 +490,21 @@ int run(const options& o) {
               decisions, g.total_params() / 1e6, sim.buckets().size());
   if (!o.plan_file.empty()) return predict_given(o, sim);
 
-  const double target =
-      o.target_ms > 0         ? o.target_ms
-      : o.target_slack >= 0 ? slack_target_ms(sim, o.comm_bits.front(), o.target_slack / 100.0)
-                              : default_target_ms(sim, o.comm_bits);
+  const double target = o.target_ms > 0 ? o.target_ms
+                        : o.target_slack >= 0
+                            ? slack_target_ms(sim, o.comm_bits.front(), o.target_slack / 100.0)
+                        : o.target_speedup >= 0
+                            ? speedup_target_ms(sim, o.comm_bits.front(), o.target_speedup / 100.0,
+                                                parse_precision(o.speedup_over))
+                            : default_target_ms(sim, o.comm_bits);
   const allocation_problem pb(sim, indicator_scores(sim, o.comm_bits), o.comm_bits, target);
   const allocation a = o.solver == "exact" ? exact_allocate(pb) : greedy_allocate(pb);
-  char slack[64] = "";
+  char slack[96] = "";
   if (o.target_ms <= 0 && o.target_slack >= 0)
     std::snprintf(slack, sizeof slack, " (fastest uniform plan + %g%%)", o.target_slack);
+  else if (o.target_ms <= 0 && o.target_speedup >= 0)
+    std::snprintf(slack, sizeof slack, " (%g%% of the fastest plan's speed-up over uniform %s)",
+                  o.target_speedup, o.speedup_over.c_str());
   std::printf("  target %.2f ms%s, %s solver, %zu plans predicted\n\n", target,
               o.target_ms > 0 ? "" : (slack[0] ? slack : " (default)"), o.solver.c_str(),
               a.evaluations);

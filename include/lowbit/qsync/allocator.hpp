@@ -242,6 +242,22 @@ inline double slack_target_ms(const simulator& sim, int bits, double slack) {
   return sim.evaluate(fastest_uniform_plan(sim, bits)).iteration_ms() * (1.0 + slack);
 }
 
+/// The target a Hopper user asks for: "keep `fraction` of the fastest plan's speed-up over
+/// uniform `reference`" (e.g. 0.8 of fp8's over bf16): the reference plan's predicted time
+/// less `fraction` of its gap to the fastest uniform plan (buckets at `bits`). The
+/// allocator then finds the plan with the least indicator (the fewest, least sensitive
+/// low-precision ops) within that time. `fraction` must lie in [0, 1]; where the
+/// reference is itself the fastest the target is its time.
+inline double speedup_target_ms(const simulator& sim, int bits, double fraction,
+                                precision reference = precision::bf16) {
+  LOWBIT_EXPECTS(
+      fraction >= 0 && fraction <= 1,
+      "the fraction of the speed-up to keep must lie in [0, 1], got " + std::to_string(fraction));
+  const double ref = sim.evaluate(sim.uniform(reference, bits)).iteration_ms();
+  const double fastest = sim.evaluate(fastest_uniform_plan(sim, bits)).iteration_ms();
+  return ref - fraction * std::max(0.0, ref - fastest);
+}
+
 /// QSync's greedy allocator, corrected. It starts from the fastest uniform plan with
 /// every bucket at the lowest bits (which must fit in memory, else invalid_argument
 /// names the device). Each variable climbs a ladder of its options in rank order from

@@ -35,6 +35,15 @@ if DEVICE is not None:
     from qsync import qsync_model as qm
     from qsync.apply_plan import applied_plan
 
+    class _Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act = nn.Linear(32, 64), nn.GELU()
+            self.norm, self.fc2 = nn.LayerNorm(64), nn.Linear(64, 16)
+
+        def forward(self, x):
+            return self.fc2(self.norm(self.act(self.fc1(x))))
+
 
 @unittest.skipIf(DEVICE is None, "torch._scaled_mm does not run here")
 class Fp8Gemms(unittest.TestCase):
@@ -92,18 +101,9 @@ class Fp8Gemms(unittest.TestCase):
 
 @unittest.skipIf(DEVICE is None, "torch._scaled_mm does not run here")
 class Fp8Plans(unittest.TestCase):
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.act = nn.Linear(32, 64), nn.GELU()
-            self.norm, self.fc2 = nn.LayerNorm(64), nn.Linear(64, 16)
-
-        def forward(self, x):
-            return self.fc2(self.norm(self.act(self.fc1(x))))
-
     def setUp(self):
         torch.manual_seed(0)
-        self.model = self.Net().to(DEVICE)
+        self.model = _Net().to(DEVICE)
         self.x = torch.randn(16, 32, device=DEVICE)
         self.y = torch.randint(0, 16, (16,), device=DEVICE)
         self.step = lambda: F.cross_entropy(self.model(self.x).float(), self.y)
