@@ -1,0 +1,82 @@
+"""export and apply_plan on architectures the planner was not built around: timm models of
+every family that timm has (residual, depthwise and re-parameterised CNNs, ConvNeXt,
+ViTs with and without class tokens, windowed, pooling, mixer, hybrid and cross-scale
+transformers), built without weights at their default input size, batch 2, on the CPU.
+For each: the recording attributes every op, a mixed plan (two parameter ops kept at
+fp32 in a bf16 step) runs a training step with finite gradients, and where fp8 GEMMs run
+here, a plan whose default is fp8 does too. Needs torch and timm (skipped otherwise)."""
+
+import unittest
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import timm
+except ImportError:
+    torch = timm = None
+
+MODELS = ("resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "deit_tiny_patch16_224",
+          "swin_tiny_patch4_window7_224", "mixer_s32_224", "poolformer_s12", "levit_128s",
+          "coat_lite_tiny", "mobilevit_xxs", "ghostnet_050", "densenet121", "inception_v3",
+          "nfnet_f0", "cait_xxs24_224", "crossvit_tiny_240", "maxvit_nano_rw_256",
+          "edgenext_xx_small", "efficientformer_l1", "eva02_tiny_patch14_224", "fastvit_t8",
+          "repvgg_a0", "hrnet_w18_small", "xcit_nano_12_p16_224", "pit_ti_224",
+          "visformer_tiny", "twins_svt_small", "gcvit_xxtiny")
+
+
+def _fp8_runs():
+    try:
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        one = torch.ones(())
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return True
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+@unittest.skipIf(timm is None, "needs torch and timm")
+class AnyTimmModel(unittest.TestCase):
+    def test_every_family_exports_and_runs_a_mixed_plan(self):
+        from qsync import export as ex
+        from qsync import qsync_model as qm
+        from qsync.apply_plan import applied_plan
+
+        fp8 = _fp8_runs()
+        for name in MODELS:
+            with self.subTest(model=name):
+                torch.manual_seed(0)
+                try:
+                    m = timm.create_model(name, pretrained=False, num_classes=10)
+                except RuntimeError as e:  # a model this timm does not have
+                    self.skipTest(f"{name}: {e}")
+                m.train()
+                side = m.default_cfg["input_size"][-1]
+                x, y = torch.randn(2, 3, side, side), torch.randint(0, 10, (2,))
+
+                def step():
+                    return F.cross_entropy(m(x).float(), y)
+
+                records = ex.record_ops(m, step, "fp32", device_type="cpu")
+                model_json = qm.model_json(records, name)
+                params = [o["name"] for o in model_json["ops"] if o["param_numel"] > 0]
+                self.assertGreater(len(params), 0)
+                attributed = sum(o["param_numel"] for o in model_json["ops"])
+                # every parameter belongs to an op (tied ones once)
+                self.assertEqual(attributed, sum(p.numel() for p in m.parameters()), name)
+                plans = [{"default": "bf16",
+                          "ops": {params[0]: "fp32", params[len(params) // 2]: "fp32"}}]
+                if fp8:
+                    plans.append({"default": "fp8"})
+                for plan in plans:
+                    m.zero_grad(set_to_none=True)
+                    with applied_plan(m, plan, model_json, device_type="cpu") as ap:
+                        with ap.step_context():
+                            loss = step()
+                        loss.backward()
+                    grads = [p.grad for p in m.parameters() if p.grad is not None]
+                    self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads),
+                                    (name, plan.get("default")))
+
+
+if __name__ == "__main__":
+    unittest.main()
