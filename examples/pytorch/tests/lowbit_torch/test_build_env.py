@@ -253,3 +253,37 @@ class GeneratedSourcesTest(unittest.TestCase):
         self.assertTrue(callable(lowbit_torch.ddp_hook))
 
 
+
+
+class BackendSubsetTest(unittest.TestCase):
+    """LOWBIT_TORCH_BACKENDS builds a subset of the backends, under a name of its own."""
+
+    def setUp(self):
+        self.saved = os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
+
+    def tearDown(self):
+        os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
+        if self.saved is not None:
+            os.environ["LOWBIT_TORCH_BACKENDS"] = self.saved
+
+    def test_all_backends_by_default(self):
+        self.assertEqual(_build.chosen_backends(), tuple(_build.BACKENDS))
+        self.assertEqual(_build.build_name(), "lowbit_torch_C")
+        self.assertEqual({b for _, _, _, b in _build.instances() if b}, set(_build.BACKENDS))
+
+    def test_a_subset_compiles_only_its_instances_under_its_own_name(self):
+        os.environ["LOWBIT_TORCH_BACKENDS"] = "node"
+        self.assertEqual(_build.chosen_backends(), ("node",))
+        self.assertEqual(_build.build_name(), "lowbit_torch_C_node")
+        self.assertEqual(_build.build_name(only=True), "lowbit_torch_codec_C")
+        got = _build.instances()
+        self.assertEqual({b for _, _, _, b in got if b}, {"node"})
+        self.assertTrue(any(op == "codec" for op, _, _, _ in got))  # the codec stays
+        header = _build.instances_header()
+        self.assertNotIn("backend_kind::nccl", header)
+        self.assertIn("backend_kind::node", header)
+
+    def test_an_unknown_backend_is_refused_by_name(self):
+        os.environ["LOWBIT_TORCH_BACKENDS"] = "node,gloo"
+        with self.assertRaisesRegex(ValueError, "LOWBIT_TORCH_BACKENDS='node,gloo'"):
+            _build.chosen_backends()
