@@ -45,6 +45,7 @@ Exit status: 0 done, 1 an error (printed), 2 bad arguments or no CUDA.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gc
 import json
@@ -70,6 +71,10 @@ HOST_BOUND_SHARE = 0.9
 # The allocator's plans: the most ops at high precision (lowest indicator) within 5% and
 # 15% of the fastest uniform plan's predicted time (lowbit-plan --target-slack).
 ALLOC_SLACKS = (("alloc-5pct", 5.0), ("alloc-15pct", 15.0))
+# With --fp8 (an fp8 profile), the plan a Hopper user asks for: the fewest, least
+# sensitive fp8 ops keeping 80% of the fastest plan's speed-up over uniform bf16
+# (lowbit-plan --target-speedup).
+ALLOC_FP8_SPEEDUPS = (("alloc-fp8-80pct", 80.0),)
 # Per-case effort in the zoo (--zoo), small so that 30 cases fit in two calls of ~550 s:
 # per plan `iters` timed steps over `rounds` rounds, `host_iters` host samples per
 # precision, `profile_steps` profiled steps; the batch-1 cases, whose steps are short
@@ -242,6 +247,22 @@ def make_case(torch, name, spec, device, smoke=False):
 
 # ---------------------------------------------------------------------- run-mode steps
 
+@contextlib.contextmanager
+def uniform_step_context(model, precision, model_json, device):
+    """The forward's context (a zero-argument callable) of a uniform-`precision` step:
+    autocast's, or for fp8 the applied uniform-fp8 plan (its linear layers through fp8
+    GEMMs, the rest at bf16), which needs the model JSON of the fp32 profile."""
+    from . import export as ex
+    if precision != "fp8":
+        yield lambda: ex.precision_context(precision, device)
+        return
+    from .apply_plan import applied_plan
+    if model_json is None:
+        raise ValueError("the fp8 profile runs after the fp32 one (its model JSON)")
+    with applied_plan(model, qm.uniform_plan("fp8"), model_json, device_type=device) as ap:
+        yield ap.step_context
+
+
 def training_step(torch, model, opt, forward_loss, context):
     """One training step as profiled and as measured: the same code in both. Given a
     list, `step(host)` appends the host time up to the final synchronize (ms): the host
@@ -318,7 +339,9 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     from .apply_plan import applied_plan
 
     device = args.device
-    precisions = spec.get("precisions", PRECISIONS)
+    precisions = tuple(spec.get("precisions", PRECISIONS))
+    if getattr(args, "fp8", False) and "fp8" not in precisions:
+        precisions += ("fp8",)  # last: its profile runs the applied uniform-fp8 plan
     if precisions[0] != "fp32":
         raise ValueError("case %s: the fp32 profile (first) gives the model JSON" % name)
     model, forward_loss = make_case(torch, name, spec, device, smoke=args.smoke)
@@ -328,7 +351,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     # 1. ops and saved bytes per precision
     records = ex.record_ops(model, forward_loss, "fp32", with_stats=True, device_type=device)
     for p in precisions:
-        if p != "fp32":
+        if p not in ("fp32", "fp8"):  # fp8's saved bytes: the model's, by storage width
             ex.merge_saved_bytes(records, ex.record_ops(model, forward_loss, p, device_type=device))
     log("%s: recorded %d ops (%d torch functions taking a parameter); code between the "
         "ops, priced as the tail: %s" % (
@@ -346,43 +369,44 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     traces = {}
     tdir = os.path.join(out, "traces")
     opt = new_optimizer(torch, model)
+    model_json = None
     for p in precisions:
-        step = training_step(torch, model, opt, forward_loss,
-                             lambda p=p: ex.precision_context(p, device))
-        for _ in range(2):
-            step()  # optimizer state and allocator warm before profiling
-        scratch = ex.record_workspace(model, forward_loss, p, device)
-        ex.merge_workspace(records, p, scratch)
-        if scratch:
-            top = max(scratch, key=scratch.get)
-            log("%s: %s scratch: largest %.1f MiB (%s), %d ops with any" % (
-                name, p, scratch[top] / 2**20, top, sum(b > 0 for b in scratch.values())))
-        with tempfile.TemporaryDirectory() as tmp:
-            raw = os.path.join(tmp, "t.json")
-            with ex.instrument(model, functions=ex.function_ops(records)):
-                ex.profile(step, raw, steps=profile_steps)
-            if p == "fp32":
-                inst = qm.read_json(raw)
-                model_json = qm.model_json(records, name, trace=inst)
-                missing = qm.missing_ranges(inst, model_json)
-                if missing:
-                    log("%s: warning: %d ops without a range (roofline): %s" % (
-                        name, len(missing), ", ".join(missing[:5])))
-                del inst
-            traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
-            if not spec.get("zoo"):  # the zoo times the host without a profiler only
-                ex.profile(step, raw, steps=profile_steps)
-                qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
-        # The profiler itself inflates host time (every op and launch is recorded), so
-        # the host truth comes from steps timed without it (step 4 adds more samples,
-        # interleaved with the measurement).
-        for _ in range(2):  # settle
-            step()
-        host = timed_steps(args, step, host_iters)[1]
-        host_log[p] = {"profiling": host, "rounds": []}
-        qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
-                      qm.host_trace([qm.median(host)]))
-        log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
+        with uniform_step_context(model, p, model_json, device) as context:
+            step = training_step(torch, model, opt, forward_loss, context)
+            for _ in range(2):
+                step()  # optimizer state and allocator warm before profiling
+            scratch = {} if p == "fp8" else ex.record_workspace(model, forward_loss, p, device)
+            ex.merge_workspace(records, p, scratch)
+            if scratch:
+                top = max(scratch, key=scratch.get)
+                log("%s: %s scratch: largest %.1f MiB (%s), %d ops with any" % (
+                    name, p, scratch[top] / 2**20, top, sum(b > 0 for b in scratch.values())))
+            with tempfile.TemporaryDirectory() as tmp:
+                raw = os.path.join(tmp, "t.json")
+                with ex.instrument(model, functions=ex.function_ops(records)):
+                    ex.profile(step, raw, steps=profile_steps)
+                if p == "fp32":
+                    inst = qm.read_json(raw)
+                    model_json = qm.model_json(records, name, trace=inst)
+                    missing = qm.missing_ranges(inst, model_json)
+                    if missing:
+                        log("%s: warning: %d ops without a range (roofline): %s" % (
+                            name, len(missing), ", ".join(missing[:5])))
+                    del inst
+                traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
+                if not spec.get("zoo"):  # the zoo times the host without a profiler only
+                    ex.profile(step, raw, steps=profile_steps)
+                    qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
+            # The profiler itself inflates host time (every op and launch is recorded), so
+            # the host truth comes from steps timed without it (step 4 adds more samples,
+            # interleaved with the measurement).
+            for _ in range(2):  # settle
+                step()
+            host = timed_steps(args, step, host_iters)[1]
+            host_log[p] = {"profiling": host, "rounds": []}
+            qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
+                          qm.host_trace([qm.median(host)]))
+            log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
     for o in model_json["ops"]:  # measured per precision in the loop, after the JSON
@@ -396,7 +420,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     stage["now"] = "plan"
     pdir = os.path.join(out, "plans")
     plans = {}
-    for p in spec.get("plans", PRECISIONS):
+    for p in tuple(spec.get("plans", PRECISIONS)) + (("fp8",) if "fp8" in precisions else ()):
         plans[p] = qm.uniform_plan(p)
     if "plans" not in spec:
         plans.update(qm.mixed_plans(model_json))
@@ -416,11 +440,12 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     for r in range(rounds):
         for p in precisions:
             opt = new_optimizer(torch, model)
-            step = training_step(torch, model, opt, forward_loss,
-                                 lambda p=p: ex.precision_context(p, device))
-            for _ in range(2):
-                step()
-            host_log[p]["rounds"].append(timed_steps(args, step, -(-host_iters // rounds))[1])
+            with uniform_step_context(model, p, model_json, device) as context:
+                step = training_step(torch, model, opt, forward_loss, context)
+                for _ in range(2):
+                    step()
+                host_log[p]["rounds"].append(
+                    timed_steps(args, step, -(-host_iters // rounds))[1])
             del opt, step
             gc.collect()
         for pn, pl in plans.items():
@@ -482,10 +507,12 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
     tdir = os.path.join(out, "traces")
     use = (lambda t: t) if gz else (lambda t: qm.gunzip_to(t, tmp))
     inst, plain = [], []
-    for p in precisions or PRECISIONS:
+    found = []
+    for p in precisions or PRECISIONS + ("fp8",):
         t = os.path.join(tdir, "%s_%s.json.gz" % (name, p))
         if not os.path.exists(t):
             continue
+        found.append(p)
         inst.append("%s=%s" % (p, use(t)))
         for kind in (host, "plain"):  # host timing without a profiler, if there
             plain_gz = os.path.join(tdir, "%s_%s_%s.json.gz" % (name, p, kind))
@@ -494,7 +521,9 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
                 break
     if not inst:
         raise RuntimeError("no traces for %s under %s" % (name, tdir))
-    cluster = qm.write_json(os.path.join(out, "cluster.json"), qm.cluster_json("H200"))
+    # the menu: what was profiled and can be applied (autocast's, and fp8 where profiled)
+    menu = tuple(p for p in ("fp8", "fp16", "bf16", "fp32") if p in found or p != "fp8")
+    cluster = qm.write_json(os.path.join(out, "cluster.json"), qm.cluster_json("H200", menu))
     a = ["--model", os.path.join(out, "%s.model.json" % name), "--cluster", cluster,
          "--traces", ",".join(inst)]
     if plain:
@@ -535,6 +564,15 @@ def allocator_plans(args, name, out, pdir):
             log("%s: allocator plan %s (fastest uniform plan + %g%%): %.2f ms predicted, "
                 "target %.2f ms" % (name, k, slack, plans[k].get("predicted_iteration_ms", 0.0),
                                     plans[k].get("target_ms", 0.0)))
+        if os.path.exists(os.path.join(out, "traces", "%s_fp8.json.gz" % name)):
+            for k, share in ALLOC_FP8_SPEEDUPS:
+                path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
+                lowbit_plan(args.lowbit_plan, base + ["--target-speedup", "%g" % share, "--out",
+                                                      path, "--comm-bits", "32"])
+                plans[k] = qm.read_json(path)
+                log("%s: allocator plan %s (%g%% of the fastest plan's speed-up over bf16): "
+                    "%.2f ms predicted" % (name, k, share,
+                                          plans[k].get("predicted_iteration_ms", 0.0)))
     return plans
 
 
@@ -748,6 +786,10 @@ def parse_args(argv=None):
                     help="the host samples lowbit-plan is given (OUT/host_times.json): "
                          "those timed in the measurement's rounds, beside the plans "
                          "(default), at profiling, or all")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also profile uniform fp8 (the applied plan's fp8 linear layers), "
+                         "measure it and the allocator's alloc-fp8-80pct plan (sm_89+, or "
+                         "a CPU torch with torch._scaled_mm under --smoke)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny models on the CPU: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
