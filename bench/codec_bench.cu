@@ -534,8 +534,8 @@ void add_header_cost_rows() {
     for (const row& sl : rows().rows)
       if (sl.op == base + "_slot" && sl.type == h.type && sl.bits == h.bits && sl.size == h.size &&
           sl.gbps > 0)
-        extra.push_back({"hdr_cost_" + base, h.type, h.bits, h.size, h.gbps, sl.gbps,
-                         h.gbps / sl.gbps});
+        extra.push_back(
+            {"hdr_cost_" + base, h.type, h.bits, h.size, h.gbps, sl.gbps, h.gbps / sl.gbps});
   }
   for (const row& r : extra) rows().push_back(r);
 }
@@ -638,8 +638,8 @@ int main(int argc, char** argv) {
     const double t = target_of(r);
     char target[16] = "";
     if (t >= 0) std::snprintf(target, sizeof target, "%.2f", t);
-    std::printf("%-15s %-5s %4d %6zuMiB %10.1f %10.1f %7.3f %6s %s\n", r.op.c_str(),
-                r.type.c_str(), r.bits, r.size / MiB, r.gbps, r.copy, r.ratio, target, verdict(r));
+    std::printf("%-15s %-5s %4d %6zuMiB %10.1f %10.1f %7.3f %6s %s\n", r.op.c_str(), r.type.c_str(),
+                r.bits, r.size / MiB, r.gbps, r.copy, r.ratio, target, verdict(r));
   }
   if (!csv_path.empty()) write_csv(csv_path, commit);
   cudaFree(b.in);

@@ -180,6 +180,23 @@ def _kind(rule):
     return f"feedback_kind::{rule}"
 
 
+def _visit_cases(op):
+    """The body of visit(): one branch per compiled instance of `op` (matching the backend
+    too where `op` has backends), calling f with its tags; then the struct's end."""
+    lines = []
+    for _, t, rule, b in instances([op]):
+        cond = f"t == scalar_type_of<{DTYPES[t]}>()"
+        call = f"tag<{DTYPES[t]}>{{}}"
+        if b:
+            cond = f"b == backend_kind::{b} && " + cond
+            call = f"tag<{BACKENDS[b][0]}>{{}}, " + call
+        if rule:
+            cond += f" && k == {_kind(rule)}"
+            call += f", tag<{FEEDBACK[rule][0]}>{{}}"
+        lines += [f"    if ({cond}) {{", f"      f({call});", "      return true;", "    }"]
+    return lines + ["    return false;", "  }", "};"]
+
+
 def _visit(op):
     """The C++ struct of `op`'s instances (see instances.h's comment)."""
     if backends(op):
@@ -198,15 +215,7 @@ def _visit(op):
         lines.append("  static bool visit(at::ScalarType t, feedback_kind k, F&& f) {")
     else:
         lines.append("  static bool visit(at::ScalarType t, F&& f) {")
-    for _, t, rule, _ in instances([op]):
-        cond = f"t == scalar_type_of<{DTYPES[t]}>()"
-        call = f"tag<{DTYPES[t]}>{{}}"
-        if rule:
-            cond += f" && k == {_kind(rule)}"
-            call += f", tag<{FEEDBACK[rule][0]}>{{}}"
-        lines += [f"    if ({cond}) {{", f"      f({call});", "      return true;", "    }"]
-    lines += ["    return false;", "  }", "};"]
-    return "\n".join(lines)
+    return "\n".join(lines + _visit_cases(op))
 
 
 def _visit_per_backend(op):
@@ -239,15 +248,7 @@ def _visit_per_backend(op):
                      "F&& f) {")
     else:
         lines.append("  static bool visit(backend_kind b, at::ScalarType t, F&& f) {")
-    for _, t, rule, b in instances([op]):
-        cond = f"b == backend_kind::{b} && t == scalar_type_of<{DTYPES[t]}>()"
-        call = f"tag<{BACKENDS[b][0]}>{{}}, tag<{DTYPES[t]}>{{}}"
-        if rule:
-            cond += f" && k == {_kind(rule)}"
-            call += f", tag<{FEEDBACK[rule][0]}>{{}}"
-        lines += [f"    if ({cond}) {{", f"      f({call});", "      return true;", "    }"]
-    lines += ["    return false;", "  }", "};"]
-    return "\n".join(lines)
+    return "\n".join(lines + _visit_cases(op))
 
 
 def instances_header():

@@ -32,4 +32,16 @@ stream_wait wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, 
   }
 }
 
+/// After a communicator's abort its kernels end their waits within microseconds: waits up to
+/// `limit` for `stream` to drain, then leaves it (the communicator is unusable anyway) and
+/// clears the sticky "not ready" state.
+inline void drain_stream(cudaStream_t stream,
+                         std::chrono::milliseconds limit = std::chrono::milliseconds(1000)) {
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(stream) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() - start < limit)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  (void)cudaGetLastError();
+}
+
 }  // namespace lowbit::comm

@@ -177,9 +177,9 @@ inline constexpr bool has_fast_quantize_v =
      std::is_same_v<typename Codec::rounding_type, round::stochastic>);
 
 /// The 16-bit noise of elements [16 * j0, 16 * (j0 + N)): noise[16k + m] is what
-/// codec::quantize_group takes from key.draw(j0 + k) for element m (rng_key::noise16). philox4x32<10>'s
-/// rounds, the same operations in the same order, on two counters at a time: the two
-/// chains of multiplies overlap, and both states stay in registers.
+/// codec::quantize_group takes from key.draw(j0 + k) for element m (rng_key::noise16).
+/// philox4x32<10>'s rounds, the same operations in the same order, on two counters at a time: the
+/// two chains of multiplies overlap, and both states stay in registers.
 template <int N>
 void noise_of(const rng_key& key, std::uint64_t j0, std::uint32_t (&noise)[16 * N]) {
   static_assert(N % 2 == 0, "lowbit::host: noise comes in pairs of Philox blocks");

@@ -135,8 +135,8 @@ class header_probe {
   /// checks them starts (by an earlier kernel, a copy or a peer's stores ordered by the
   /// stream) and never during it.
   static __device__ __forceinline__ std::uint32_t load_word(const header_check& c, int i) {
-    return __ldg(reinterpret_cast<const unsigned int*>(c.first + static_cast<std::size_t>(i / 8) *
-                                                                     c.stride) +
+    return __ldg(reinterpret_cast<const unsigned int*>(c.first +
+                                                       static_cast<std::size_t>(i / 8) * c.stride) +
                  i % 8);
   }
   /// Word k of the header frame p of the call `want` must carry.

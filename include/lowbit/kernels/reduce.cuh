@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
               next.load(frames + static_cast<std::size_t>(p + 1) * frame_stride, w.codes_offset,
                         t.group);
           } else {
-            cur.load(frames + static_cast<std::size_t>(p) * frame_stride, w.codes_offset,
-                     t.group);
+            cur.load(frames + static_cast<std::size_t>(p) * frame_stride, w.codes_offset, t.group);
           }
         }
         std::uint32_t codes[32];

@@ -230,8 +230,9 @@ void attribute_code(const std::vector<host_range>& ranges, const Launches& launc
     for (const auto& [ts, c] : list) {
       const auto k = kernels.find(c);
       if (k == kernels.end()) continue;
-      const auto before = std::upper_bound(mine.begin(), mine.end(),
-                                           std::pair<double, double>{ts, 1e300}) - mine.begin();
+      const auto before =
+          std::upper_bound(mine.begin(), mine.end(), std::pair<double, double>{ts, 1e300}) -
+          mine.begin();
       if (before > 0 && reach[static_cast<std::size_t>(before - 1)] >= ts) continue;  // inside
       double limit = 1e300;
       if (!steps.empty()) {

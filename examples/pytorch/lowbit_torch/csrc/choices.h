@@ -47,8 +47,8 @@ void with_instance(const char* what, at::ScalarType dtype, F&& f, const char* hi
 template <class Instances, class F>
 void with_collective(const char* what, backend_kind b, at::ScalarType dtype, F&& f,
                      const char* hint = "") {
-  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ",
-                    backend_name(b), " backend (lowbit_torch/_build.py's BACKENDS)");
+  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ", backend_name(b),
+                    " backend (lowbit_torch/_build.py's BACKENDS)");
   TORCH_CHECK_TYPE(Instances::has_dtype(b, dtype), what, ": compiled on the ", backend_name(b),
                    " backend for ", Instances::dtypes(b), " tensors, got ", dtype, hint);
   const bool compiled = Instances::visit(b, dtype, f);
@@ -58,10 +58,10 @@ void with_collective(const char* what, backend_kind b, at::ScalarType dtype, F&&
 /// The same with a feedback rule: f(tag<Backend>{}, tag<T>{}, tag<Feedback>{}); a
 /// ValueError naming the rules compiled on that backend where the rule is not.
 template <class Instances, class F>
-void with_collective(const char* what, backend_kind b, at::ScalarType dtype,
-                     feedback_kind feedback, F&& f, const char* hint = "") {
-  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ",
-                    backend_name(b), " backend (lowbit_torch/_build.py's BACKENDS)");
+void with_collective(const char* what, backend_kind b, at::ScalarType dtype, feedback_kind feedback,
+                     F&& f, const char* hint = "") {
+  TORCH_CHECK_VALUE(Instances::has_backend(b), what, " is not compiled for the ", backend_name(b),
+                    " backend (lowbit_torch/_build.py's BACKENDS)");
   TORCH_CHECK_TYPE(Instances::has_dtype(b, dtype), what, ": compiled on the ", backend_name(b),
                    " backend for ", Instances::dtypes(b), " tensors, got ", dtype, hint);
   const bool compiled = Instances::visit(b, dtype, feedback, f);

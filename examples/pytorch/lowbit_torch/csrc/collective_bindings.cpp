@@ -103,8 +103,8 @@ struct python_allgather {
     const py::object got = (*fn)(py::bytes(static_cast<const char*>(mine), bytes));
     const std::string s = got.cast<std::string>();
     TORCH_CHECK(s.size() == bytes * static_cast<std::size_t>(size),
-                "lowbit_torch: the bootstrap all-gather returned ", s.size(), " bytes where ",
-                size, " ranks x ", bytes, " were expected");
+                "lowbit_torch: the bootstrap all-gather returned ", s.size(), " bytes where ", size,
+                " ranks x ", bytes, " were expected");
     std::memcpy(all, s.data(), s.size());
   }
 };

@@ -1,8 +1,8 @@
 // Type-erased handles onto lowbit's collectives, as Python sees them: the backend (the
 // communicator's), element type, codec and feedback are chosen at run time, each
 // combination compiled once (one generated source per backend, element type and
-// feedback, so they compile in parallel: the table in lowbit_torch/_build.py says which). Every call is enqueued on torch's current
-// stream and returns at once.
+// feedback, so they compile in parallel: the table in lowbit_torch/_build.py says which). Every
+// call is enqueued on torch's current stream and returns at once.
 #pragma once
 
 #include <torch/extension.h>

@@ -78,10 +78,9 @@ inline void check_count(std::int64_t n, std::int64_t max_count, const char* what
 
 template <class Backend, class T, class Feedback, class Grid, class Rounding>
 class all_reduce_impl final : public all_reduce_handle {
-  using coll_type =
-      lowbit::dynamic_all_reduce<T, absmax_family<Grid, Rounding>::template of,
-                                 lowbit::bit_widths<1, 2, 4, 8>, Feedback,
-                                 lowbit::schedule::default_schedule, Backend>;
+  using coll_type = lowbit::dynamic_all_reduce<T, absmax_family<Grid, Rounding>::template of,
+                                               lowbit::bit_widths<1, 2, 4, 8>, Feedback,
+                                               lowbit::schedule::default_schedule, Backend>;
   /// Only the NCCL backend has a crossover (NCCL's own all-reduce below it); the node
   /// backend always runs the codec.
   static constexpr bool has_crossover = std::is_same_v<Backend, lowbit::backend::nccl>;

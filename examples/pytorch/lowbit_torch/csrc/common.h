@@ -116,7 +116,9 @@ T* data_as(const at::Tensor& t) {
 /// same order): an NCCL process group's communicator, or the node backend's.
 enum class backend_kind { nccl, node };
 
-inline const char* backend_name(backend_kind b) { return b == backend_kind::nccl ? "nccl" : "node"; }
+inline const char* backend_name(backend_kind b) {
+  return b == backend_kind::nccl ? "nccl" : "node";
+}
 
 /// What every collective the extension builds runs on: the process group's NCCL
 /// communicator, borrowed (torch owns and destroys it), or a lowbit::comm::node_comm of

@@ -93,7 +93,7 @@ class node_backend : public device_steps {
     const std::string missed = comm_->missed();
     if (w == comm::stream_wait::idle && missed.empty()) return;
     comm_->abort();  // ends every wait still running on the GPU
-    drain(stream);
+    comm::drain_stream(stream);
     throw timeout_error(__FILE__, __LINE__,
                         cc.timeout_message(missed.empty() ? "the work on the stream" : missed));
   }
@@ -113,16 +113,6 @@ class node_backend : public device_steps {
 
  private:
   static constexpr const char* who = "lowbit (node backend)";
-
-  /// After an abort the kernels end their waits within microseconds; a stream still busy
-  /// after a second is left (the communicator is unusable anyway).
-  static void drain(cudaStream_t stream) {
-    const auto start = std::chrono::steady_clock::now();
-    while (cudaStreamQuery(stream) == cudaErrorNotReady &&
-           std::chrono::steady_clock::now() - start < std::chrono::seconds(1))
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    (void)cudaGetLastError();
-  }
 
   const comm_type* comm_;
   lowbit::transport::ipc_mover mover_;

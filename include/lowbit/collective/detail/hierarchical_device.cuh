@@ -56,24 +56,13 @@ struct stage_sync<cudaStream_t> {
     const bool inter_failed = inter_impl::comm_failed(inter);
     if (w == comm::stream_wait::idle && !intra_failed && !inter_failed) return;
     poison_both<IntraB, InterB>(intra, inter, {});
-    drain(stream);
+    comm::drain_stream(stream);
     const std::string both = " (both communicators aborted)";
     if (intra_failed) intra_impl::raise_comm_failure(intra, cc, names[0] + both);
     if (inter_failed) inter_impl::raise_comm_failure(inter, cc, names[1] + both);
     throw timeout_error(__FILE__, __LINE__,
                         cc.timeout_message("the work on the stream, over the node-local and the "
                                            "cross-node communicators (both aborted)"));
-  }
-
- private:
-  /// Once both are aborted their kernels end their waits; a stream still busy after a
-  /// second is left (both communicators are unusable anyway).
-  static void drain(cudaStream_t stream) {
-    const auto start = std::chrono::steady_clock::now();
-    while (cudaStreamQuery(stream) == cudaErrorNotReady &&
-           std::chrono::steady_clock::now() - start < std::chrono::seconds(1))
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    (void)cudaGetLastError();
   }
 };
 

@@ -27,7 +27,6 @@ class full_precision_stage<backend::mpi, T> {
   full_precision_stage(const comm::mpi_comm& intra, std::size_t max_count, std::size_t block,
                        const collective_options& opts, const char* who)
       : be_(intra, 0, 1),
-        opts_(opts),
         who_(who),
         G_(intra.size()),
         me_(intra.rank()),
@@ -158,7 +157,6 @@ class full_precision_stage<backend::mpi, T> {
   }
 
   impl be_;
-  collective_options opts_;
   const char* who_;
   int G_, me_;
   stage_calls calls_;

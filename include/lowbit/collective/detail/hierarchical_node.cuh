@@ -30,12 +30,7 @@ class full_precision_stage<backend::node, T> {
   /// every rank maps every other's).
   full_precision_stage(const comm::node_comm& intra, std::size_t max_count, std::size_t block,
                        const collective_options& opts, const char* who)
-      : be_(intra, 0, 1),
-        opts_(opts),
-        who_(who),
-        G_(intra.size()),
-        me_(intra.rank()),
-        calls_(who, opts.timeout, G_, me_) {
+      : be_(intra, 0, 1), G_(intra.size()), me_(intra.rank()), calls_(who, opts.timeout, G_, me_) {
     const std::size_t shard = schedule::shard(max_count, block, G_, 0).count;  // the largest
     const size_math m(who, max_count);
     const std::size_t slot = m.add(m.add(H, m.mul(shard, sizeof(T))), 15) & ~std::size_t(15);
@@ -211,8 +206,6 @@ class full_precision_stage<backend::node, T> {
   }
 
   impl be_;
-  collective_options opts_;
-  const char* who_;
   int G_, me_;
   stage_calls calls_;
   bool reported_ = false;
