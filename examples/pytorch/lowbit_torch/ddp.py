@@ -211,8 +211,7 @@ class DDPState:
             replicated = h.replicated_state(h.max_count)
             buckets[index] = {
                 "max_count": h.max_count, "dtype": h.dtype, "step": h.step,
-                "worker": worker.cpu() if worker.numel() else None,
-                "replicated": replicated.cpu() if replicated.numel() else None,
+                "worker": _host_copy(worker), "replicated": _host_copy(replicated),
             }
         return {"version": 1, "bits": self.bits, "buckets": buckets,
                 "calibrated": dict(self._calibrated),
@@ -248,6 +247,12 @@ class DDPState:
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""
         h = self._buckets[index]
         return h.worker_state(h.max_count)
+
+
+def _host_copy(state):
+    """A host copy of a collective's state tensor; None where it keeps none (the extension
+    returns None, or an empty tensor)."""
+    return None if state is None or state.numel() == 0 else state.cpu()
 
 
 def ddp_hook(state, bucket):

@@ -114,10 +114,24 @@ def _have_torch():
     return importlib.util.find_spec("torch") is not None
 
 
-class GeneratedSourcesTest(unittest.TestCase):
+class _WholeTable(unittest.TestCase):
+    """Runs with LOWBIT_TORCH_BACKENDS unset (the whole table), restoring it after: the
+    GPU machine's node-only builds set it for the process."""
+
+    def setUp(self):
+        self.saved = os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
+
+    def tearDown(self):
+        os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
+        if self.saved is not None:
+            os.environ["LOWBIT_TORCH_BACKENDS"] = self.saved
+
+
+class GeneratedSourcesTest(_WholeTable):
     """What generate() writes from the table (DTYPES, FEEDBACK, COMPILED)."""
 
     def setUp(self):
+        super().setUp()
         self.dir = tempfile.TemporaryDirectory()
         self.addCleanup(self.dir.cleanup)
         self.sources = _build.sources(self.dir.name)
@@ -255,16 +269,8 @@ class GeneratedSourcesTest(unittest.TestCase):
 
 
 
-class BackendSubsetTest(unittest.TestCase):
+class BackendSubsetTest(_WholeTable):
     """LOWBIT_TORCH_BACKENDS builds a subset of the backends, under a name of its own."""
-
-    def setUp(self):
-        self.saved = os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
-
-    def tearDown(self):
-        os.environ.pop("LOWBIT_TORCH_BACKENDS", None)
-        if self.saved is not None:
-            os.environ["LOWBIT_TORCH_BACKENDS"] = self.saved
 
     def test_all_backends_by_default(self):
         self.assertEqual(_build.chosen_backends(), tuple(_build.BACKENDS))

@@ -12,6 +12,12 @@ import torch.nn as nn  # noqa: E402
 import lowbit_torch  # noqa: E402
 from lowbit_torch import _build  # noqa: E402
 
+# A 1-rank NCCL group is how these tests reach the torch path on one GPU; a build of the
+# node backend only (LOWBIT_TORCH_BACKENDS=node) is tested by test_ranks.py instead.
+pytestmark = pytest.mark.skipif("nccl" not in _build.chosen_backends(),
+                                reason="the build compiles no NCCL backend "
+                                       "(LOWBIT_TORCH_BACKENDS): test_ranks.py tests it")
+
 # What the table compiles: every instance is tested.
 ALL_REDUCE_DTYPES = [getattr(torch, name) for name in _build.dtypes("all_reduce")]
 FSDP_DTYPES = [getattr(torch, name) for name in _build.dtypes("reduce_scatter")]
