@@ -193,9 +193,9 @@ class intra_stage {
                     staged_rail_v<IntraB, InterB>,
                 "lowbit: the node-local and cross-node backends of a hierarchical collective "
                 "must order their work alike (both on CUDA streams: nccl and node; or both on "
-                "the host: mpi), or run the node-local stages on a stream and the cross-node "
-                "stage on the host (node or nccl inside, mpi across); a host node-local stage "
-                "under a stream-ordered cross-node one is not supported");
+                "the host: mpi), or run the node-local stages on a CUDA stream and the "
+                "cross-node stage on the host (node inside, mpi across); a host node-local "
+                "stage under a stream-ordered cross-node one is not supported");
   static constexpr bool full = std::is_same_v<IntraCodec, full_precision>;
   /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
   /// precision, so that a rail shard is whole stage-2 blocks too.
