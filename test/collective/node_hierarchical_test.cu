@@ -377,6 +377,15 @@ struct mpi_across_call {
   }
 };
 
+/// f(N, G, call) on every node shape, with a fresh mpi_across_call.
+template <class F>
+void on_every_shape(std::size_t count, std::chrono::milliseconds timeout, F&& f) {
+  for (const auto& [N, G] : shapes()) {
+    mpi_across_call m(G, count, timeout);
+    f(N, G, m);
+  }
+}
+
 /// Every rank's `kind`, rank by rank.
 std::vector<int> on_every_rank(int kind) {
   std::vector<int> all(static_cast<std::size_t>(world_size()));
@@ -388,9 +397,8 @@ TEST_CASE(
     "node inside, MPI across: a rank that never joins a call: timeout_error on every other "
     "rank within the deadline, both communicators poisoned, nothing written") {
   using namespace std::chrono_literals;
-  for (const auto& [N, G] : shapes()) {
-    const std::size_t count = 100003;
-    mpi_across_call m(G, count, 2000ms);
+  const std::size_t count = 100003;
+  on_every_shape(count, 2000ms, [&](int N, int G, mpi_across_call& m) {
     m.h(m.in.p, m.out.p, count, g_stream);  // one call on every rank first
     m.zero_output();
     const bool absent = world_rank() == world_size() - 1;
@@ -407,23 +415,22 @@ TEST_CASE(
     INFO(N << " x " << G);
     for (int r = 0; r + 1 < world_size(); ++r) CHECK(all[static_cast<std::size_t>(r)] == 1);
     MPI_Barrier(MPI_COMM_WORLD);
-  }
+  });
 }
 
 TEST_CASE(
     "node inside, MPI across: ranks whose counts differ: agreement_error on every rank, "
     "nothing written, both communicators still usable") {
   using namespace std::chrono_literals;
-  for (const auto& [N, G] : shapes()) {
-    const std::size_t count = 1000;
-    mpi_across_call m(G, count, 20000ms);
+  const std::size_t count = 1000;
+  on_every_shape(count, 20000ms, [&](int N, int G, mpi_across_call& m) {
     const std::size_t mine = world_rank() == 0 ? count - 1 : count;
     std::string what;
     const int kind = outcome<agreement_error>([&] { m.h(m.in.p, m.out.p, mine, g_stream); }, what);
     INFO(N << " x " << G << ": " << what);
     m.check_failed(kind, false);
     for (const int k : on_every_rank(kind)) CHECK(k == 1);
-  }
+  });
 }
 
 }  // namespace
