@@ -35,20 +35,29 @@ namespace detail {
 /// What both hierarchical collectives share: the intra stages, the per-call agreement
 /// over both communicators, and the scratch shard between the stages. `Inter` is the flat
 /// collective of stage 2 (all_reduce or reduce_scatter) on Backend; the node-local stages
-/// run on IntraBackend.
+/// run on IntraBackend. Where Backend runs on the host and IntraBackend on a stream
+/// (staged_rail_v: MPI across, the node backend inside), stage 2's shard goes through
+/// pinned host memory (rail_staging) and a call completes before it returns.
 template <class T, class InterCodec, class IntraCodec, class Schedule, class Backend,
           class IntraBackend, class Inter>
 class hierarchical_base {
  protected:
   using impl = backend_impl<Backend>;
   using intra_type = intra_stage<IntraBackend, Backend, T, IntraCodec, InterCodec, Schedule>;
+  /// Stage 2 runs on the host, the node-local stages on a stream (rail()).
+  static constexpr bool staged = staged_rail_v<IntraBackend, Backend>;
+  /// A call of several chunks overlaps its stages (a full-precision node-local stage, and
+  /// stage 2 on the stages' own stream or host).
+  static constexpr bool pipelined = intra_type::chunked && !staged;
 
  public:
   using value_type = T;
   /// The rails' communicator (Backend's) and the node's (IntraBackend's).
   using comm_type = typename impl::comm_type;
   using intra_comm_type = typename intra_type::comm_type;
-  using stream_type = typename impl::stream_type;
+  /// What a call is ordered on: the node-local stages' (both backends' where they order
+  /// work alike; the stream, where stage 2 is staged through the host).
+  using stream_type = typename intra_type::stream_type;
 
   hierarchical_base(const hierarchical_base&) = delete;
   hierarchical_base& operator=(const hierarchical_base&) = delete;
@@ -76,7 +85,7 @@ class hierarchical_base {
   void reset_feedback() { inter_.reset_feedback(); }
   /// Stage 2's feedback state: this rank's rail shard's, indexed from the shard's start.
   auto& feedback_state() noexcept { return inter_.feedback_state(); }
-  /// Waits for this object's calls on `stream` (NCCL; a no-op on MPI) within
+  /// Waits for this object's calls on `stream` (NCCL, node; a no-op on MPI) within
   /// options().timeout, polling both communicators' asynchronous errors: on an NCCL error
   /// or expiry both are aborted (whichever failed: the other's stages wait on it) and
   /// lowbit::nccl_error or lowbit::timeout_error thrown, as the flat collectives' sync()
@@ -93,14 +102,17 @@ class hierarchical_base {
   }
 
  protected:
+  /// `rail_in_place`: stage 2 may write its input (all_reduce), so a staged stage 2 needs
+  /// one host buffer, not two.
   hierarchical_base(const intra_comm_type& intra, const comm_type& inter, std::size_t max_count,
-                    const collective_options& opts, const char* who)
+                    const collective_options& opts, const char* who, bool rail_in_place)
       : max_count_(max_count),
         who_(who),
         opts_(opts),
         intra_(intra, inter, max_count, opts, who),
         inter_(inter, intra_.largest_shard(max_count), intra_.rail_options(opts)),
         shard_(intra_.largest_shard(max_count)),
+        staging_(intra_.largest_shard(max_count), rail_in_place),
         links_(Schedule::max_chunks),
         calls_(opts.first_step) {}
 
@@ -113,9 +125,10 @@ class hierarchical_base {
     return rail_engine().template chunks<InterCodec>(intra_.shard_of(count, p).count);
   }
   /// The chunks of a call: the most any rank's stage 2 runs; 1 (the stages one after the
-  /// other) with a coded node-local stage, or when no rank's stage 2 is cut.
+  /// other) with a coded node-local stage, a staged stage 2 (which cuts its own chunks, on
+  /// the host), or when no rank's stage 2 is cut.
   int chunks(std::size_t count) const {
-    if constexpr (!intra_type::chunked) {
+    if constexpr (!pipelined) {
       return 1;
     } else {
       int K = 1;
@@ -181,6 +194,24 @@ class hierarchical_base {
     calls_.advance_step();
   }
 
+  /// Stage 2 of a call: the n values at `in` reduced across nodes into `out` (n_out values:
+  /// n, or this rank's piece for a reduce-scatter), where the stages put them. Where stage 2
+  /// is staged (staged_rail_v), the shard is copied to pinned host memory on the call's
+  /// stream, the host waits for it as sync() does (within the deadline, watching the node's
+  /// communicator: a failed stage 1 raises here, before a byte crosses nodes), stage 2 runs
+  /// on the host, and its result is copied back on the stream, for stage 3 or the caller to
+  /// read in stream order; nothing reaches `out` unless stage 2 completed.
+  void rail(const T* in, T* out, std::size_t n, std::size_t n_out, stream_type stream) {
+    if constexpr (!staged) {
+      detail::issue_call<Backend>(inter_, in, out, n, stream);
+    } else {
+      T* host = staging_.to_host(in, n, stream);
+      sync(stream);
+      inter_(host, staging_.result(), n);
+      staging_.to_device(out, n_out, stream);
+    }
+  }
+
   /// Runs `f` (a call's agreement or its stages): a timeout or a communicator's error
   /// poisons both communicators (one failed, and the other's stages of this call would
   /// wait on it); a disagreement that the frames of a stage showed, after the agreement
@@ -208,8 +239,12 @@ class hierarchical_base {
   intra_type intra_;
   Inter inter_;
   /// This rank's rail shard between the stages (IntraBackend's memory, which both backends
-  /// reach: they order work alike, intra_stage checks).
+  /// reach where they order work alike; else staging_ carries it to the host and back).
   typename backend_impl<IntraBackend>::template buffer<T> shard_;
+  struct no_staging {
+    no_staging(std::size_t, bool) {}
+  };
+  std::conditional_t<staged, rail_staging<stream_type, T>, no_staging> staging_;
   stage_links<stream_type> links_;  ///< how the pipelined stages wait for each other
   call_state calls_;                ///< call numbers, steps, retirement
 };
@@ -243,8 +278,12 @@ class hierarchical_base {
 /// Move-only.
 ///
 /// Backend carries stage 2 (the rails, across nodes); IntraBackend the node-local stages
-/// (Backend by default). Both must order work alike: backend::node inside a node with
-/// backend::nccl across, or one backend for both.
+/// (Backend by default): one backend for both, backend::node inside a node with
+/// backend::nccl across, or backend::node inside with backend::mpi across. In the last
+/// pairing the tensors are device memory and stage 2 is the host backend's: each call
+/// copies its rail shard to pinned host memory and back on `stream`, waits for its stream,
+/// and computes the bits of mpi::hierarchical_all_reduce; operator() returns when `out`
+/// holds the result, and async() does not exist.
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
           class Backend = backend::nccl, class IntraBackend = Backend>
@@ -264,7 +303,7 @@ class hierarchical_all_reduce
   /// by N in stage 2), seed, algorithm of stage 2, timeout, verify.
   hierarchical_all_reduce(const intra_comm_type& intra, const comm_type& inter,
                           std::size_t max_count, const collective_options& opts = {})
-      : base(intra, inter, max_count, opts, "lowbit::hierarchical_all_reduce") {}
+      : base(intra, inter, max_count, opts, "lowbit::hierarchical_all_reduce", true) {}
   /// Refused: the collective keeps pointers to the communicators.
   hierarchical_all_reduce(const intra_comm_type&&, const comm_type&, std::size_t,
                           const collective_options& = {}) = delete;
@@ -277,10 +316,11 @@ class hierarchical_all_reduce
     run(in, out, count, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only); in checked mode it synchronises.
+  /// The same, enqueued on `stream` (NCCL, node); in checked mode it synchronises.
   void async(const T* in, T* out, std::size_t count, stream_type stream) {
-    static_assert(stream_ordered_v<Backend>,
-                  "lowbit: async() exists on stream-ordered backends (NCCL, node) only");
+    static_assert(stream_ordered_v<Backend> && stream_ordered_v<IntraBackend>,
+                  "lowbit: async() exists where both backends are stream-ordered (NCCL, node) "
+                  "only; with MPI across nodes a call runs stage 2 on the host: use operator()");
     run(in, out, count, stream);
   }
   /// Stage 2's algorithm (one_shot on two nodes by default).
@@ -296,17 +336,17 @@ class hierarchical_all_reduce
 
   void stages(const T* in, T* out, std::size_t count, stream_type stream) {
     if (this->ranks_per_node() == 1)  // stage 1 and 3 are copies: stage 2 alone
-      return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
+      return this->rail(in, out, count, count, stream);
     const schedule::range mine = this->intra_.shard(count);
     T* shard = this->shard_.data();
     const int K = this->chunks(count);
     if (K == 1) {
       this->intra_.reduce_scatter(in, shard, count, stream);
-      detail::issue_call<Backend>(this->inter_, shard, shard, mine.count, stream);
+      this->rail(shard, shard, mine.count, mine.count, stream);
       this->intra_.all_gather(shard, out, count, stream);
       return;
     }
-    if constexpr (base::intra_type::chunked) {
+    if constexpr (base::pipelined) {
       this->pipeline_front(in, count, K, stream, [&](stream_type s2) {
         this->rail_engine().template all_reduce<InterCodec>(shard, shard, mine.count, s2,
                                                             "lowbit::all_reduce", this->links_);
@@ -345,7 +385,7 @@ class hierarchical_reduce_scatter
 
   hierarchical_reduce_scatter(const intra_comm_type& intra, const comm_type& inter,
                               std::size_t max_count, const collective_options& opts = {})
-      : base(intra, inter, max_count, opts, "lowbit::hierarchical_reduce_scatter") {}
+      : base(intra, inter, max_count, opts, "lowbit::hierarchical_reduce_scatter", false) {}
   hierarchical_reduce_scatter(const intra_comm_type&&, const comm_type&, std::size_t,
                               const collective_options& = {}) = delete;
   hierarchical_reduce_scatter(const intra_comm_type&, const comm_type&&, std::size_t,
@@ -364,10 +404,11 @@ class hierarchical_reduce_scatter
     run(in, out, count, stream);
     this->sync(stream);
   }
-  /// The same, enqueued on `stream` (NCCL only).
+  /// The same, enqueued on `stream` (NCCL, node).
   void async(const T* in, T* out, std::size_t count, stream_type stream) {
-    static_assert(stream_ordered_v<Backend>,
-                  "lowbit: async() exists on stream-ordered backends (NCCL, node) only");
+    static_assert(stream_ordered_v<Backend> && stream_ordered_v<IntraBackend>,
+                  "lowbit: async() exists where both backends are stream-ordered (NCCL, node) "
+                  "only; with MPI across nodes a call runs stage 2 on the host: use operator()");
     run(in, out, count, stream);
   }
 
@@ -381,16 +422,16 @@ class hierarchical_reduce_scatter
 
   void stages(const T* in, T* out, std::size_t count, stream_type stream) {
     if (this->ranks_per_node() == 1)  // stage 1 is a copy: stage 2 alone
-      return detail::issue_call<Backend>(this->inter_, in, out, count, stream);
+      return this->rail(in, out, count, this->shard(count).count, stream);
     const schedule::range rail = this->rail_shard(count);
     T* shard = this->shard_.data();
     const int K = this->chunks(count);
     if (K == 1) {
       this->intra_.reduce_scatter(in, shard, count, stream);
-      detail::issue_call<Backend>(this->inter_, shard, out, rail.count, stream);
+      this->rail(shard, out, rail.count, this->shard(count).count, stream);
       return;
     }
-    if constexpr (base::intra_type::chunked) {
+    if constexpr (base::pipelined) {
       this->pipeline_front(in, count, K, stream, [&](stream_type s2) {
         this->rail_engine().template reduce_scatter<InterCodec>(
             shard, out, rail.count, s2, "lowbit::reduce_scatter", this->links_);

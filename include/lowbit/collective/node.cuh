@@ -8,7 +8,7 @@
 //   reduce.sync(stream);                        // raises a timeout, never hangs
 //
 // The hierarchical collectives take it inside each node (node::hierarchical_all_reduce),
-// with NCCL or the node backend across nodes.
+// with the node backend, NCCL or MPI across nodes.
 #pragma once
 
 #include "lowbit/collective/all_gather.hpp"
@@ -36,7 +36,10 @@ using dynamic_all_reduce =
     lowbit::dynamic_all_reduce<T, CodecOf, Widths, Feedback, Schedule, backend::node>;
 /// The hierarchical collectives with the node backend inside each node and `Across`
 /// between nodes (the node backend too by default: nodes made of groups of ranks of one
-/// machine, as the tests do; backend::nccl across real nodes, with lowbit/collective/nccl.cuh).
+/// machine, as the tests do). Across real nodes: backend::nccl (with
+/// lowbit/collective/nccl.cuh), or backend::mpi (with lowbit/collective/mpi.hpp: stage 2
+/// runs on the host over pinned copies of the rail shard, operator() only, the bits of
+/// mpi::hierarchical_all_reduce).
 template <class T, class InterCodec, class Feedback = feedback::none,
           class IntraCodec = full_precision, class Schedule = schedule::default_schedule,
           class Across = backend::node>

@@ -1,10 +1,11 @@
-// Owning device memory and CUDA stream/event handles for the device backends (mapped host
-// memory: core/mapped_host.hpp).
+// Owning device memory, pinned host memory and CUDA stream/event handles for the device
+// backends (mapped host memory: core/mapped_host.hpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstring>
 #include <utility>
 
 #include "lowbit/core/error.hpp"
@@ -12,22 +13,49 @@
 
 namespace lowbit::detail {
 
-/// n zeroed U in device memory (cudaMalloc: 256-byte aligned). Move-only.
-template <class U>
-class device_buffer {
+/// Where a cuda_buffer lives: device memory (cudaMalloc: 256-byte aligned).
+struct device_memory {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    LOWBIT_CUDA_TRY(cudaMalloc(&p, bytes));
+    return p;
+  }
+  static void release(void* p) noexcept { LOWBIT_CUDA_TRY_NO_THROW(cudaFree(p)); }
+  /// Zeroes and waits for it (construction and feedback resets only).
+  static void zero(void* p, std::size_t bytes) {
+    LOWBIT_CUDA_TRY(cudaMemset(p, 0, bytes));
+    LOWBIT_CUDA_TRY(cudaDeviceSynchronize());
+  }
+};
+
+/// Pinned (page-locked) host memory: what cudaMemcpyAsync moves to and from the device
+/// without a bounce through a staging buffer, and what a host backend reads and writes.
+struct pinned_memory {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    LOWBIT_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    return p;
+  }
+  static void release(void* p) noexcept { LOWBIT_CUDA_TRY_NO_THROW(cudaFreeHost(p)); }
+  static void zero(void* p, std::size_t bytes) { std::memset(p, 0, bytes); }
+};
+
+/// n zeroed U in Memory (device_memory or pinned_memory). Move-only.
+template <class U, class Memory>
+class cuda_buffer {
  public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t n) : size_(n) {
+  cuda_buffer() = default;
+  explicit cuda_buffer(std::size_t n) : size_(n) {
     if (n > 0) {
-      LOWBIT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(U)));
+      data_ = static_cast<U*>(Memory::allocate(n * sizeof(U)));
       zero();
     }
   }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& o) noexcept
+  cuda_buffer(const cuda_buffer&) = delete;
+  cuda_buffer& operator=(const cuda_buffer&) = delete;
+  cuda_buffer(cuda_buffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
+  cuda_buffer& operator=(cuda_buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
@@ -35,27 +63,32 @@ class device_buffer {
     }
     return *this;
   }
-  ~device_buffer() { release(); }
+  ~cuda_buffer() { release(); }
 
   U* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
-  /// Zeroes the buffer and waits for it (construction and feedback resets only).
+  /// Zeroes the buffer (device memory: and waits for it; construction and feedback resets
+  /// only).
   void zero() {
-    if (data_) {
-      LOWBIT_CUDA_TRY(cudaMemset(data_, 0, size_ * sizeof(U)));
-      LOWBIT_CUDA_TRY(cudaDeviceSynchronize());
-    }
+    if (data_) Memory::zero(data_, size_ * sizeof(U));
   }
 
  private:
   void release() noexcept {
-    if (data_) LOWBIT_CUDA_TRY_NO_THROW(cudaFree(data_));
+    if (data_) Memory::release(data_);
     data_ = nullptr;
     size_ = 0;
   }
   U* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+/// n zeroed U in device memory. Move-only.
+template <class U>
+using device_buffer = cuda_buffer<U, device_memory>;
+/// n zeroed U in pinned host memory. Move-only.
+template <class U>
+using pinned_buffer = cuda_buffer<U, pinned_memory>;
 
 /// An owned non-blocking stream (null when not needed). Move-only.
 class unique_stream {

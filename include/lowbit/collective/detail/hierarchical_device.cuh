@@ -1,6 +1,7 @@
 // What a hierarchical call does with CUDA streams, whichever device backends carry its
 // stages (NCCL, node, or the node backend inside a node and NCCL across): the events that
-// let the pipelined stages overlap, and the wait that watches both communicators.
+// let the pipelined stages overlap, and the wait that watches both communicators (also
+// where stage 2 runs on the host, MPI across: hierarchical_staging.cuh stages its shard).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,16 +15,28 @@
 #include "lowbit/collective/detail/agreement.hpp"
 #include "lowbit/collective/detail/device_buffer.cuh"
 #include "lowbit/collective/detail/hierarchical_stage.hpp"
+#include "lowbit/collective/detail/hierarchical_staging.cuh"
 #include "lowbit/comm/stream_wait.hpp"
 #include "lowbit/core/error.hpp"
 
 namespace lowbit::detail {
 
+/// Whether B's communicator failed in a way its stream cannot report (Backend::comm_failed);
+/// never for a host-ordered backend, whose calls raise their failures before they return.
+template <class B, class Comm>
+bool stream_failed(const Comm& comm) {
+  if constexpr (stream_ordered_v<B>)
+    return backend_impl<B>::comm_failed(comm);
+  else
+    return false;
+}
+
 /// A hierarchical call's wait on a CUDA stream. Its work runs on both communicators, so the
 /// wait watches both (Backend::comm_failed: an asynchronous NCCL error, a node transfer that
 /// gave up a wait): a stuck or failed node-local communicator must end the wait as a stuck
 /// or failed rail does, and either one's failure poisons both (the other's kernels of the
-/// call would wait on it for ever).
+/// call would wait on it for ever). A host-ordered rail (MPI across) has no work on the
+/// stream: the wait watches the node-local communicator, and a failure poisons both still.
 template <>
 struct stage_sync<cudaStream_t> {
   /// Waits until `stream` is idle within cc.timeout. The failing communicator's error
@@ -35,7 +48,6 @@ struct stage_sync<cudaStream_t> {
   static void wait(const IntraComm& intra, const InterComm& inter, cudaStream_t stream,
                    const call_check& cc) {
     using intra_impl = backend_impl<IntraB>;
-    using inter_impl = backend_impl<InterB>;
     const std::string who = cc.who;
     const char* names[2] = {"the node-local (intra) communicator",
                             "the cross-node (inter) communicator"};
@@ -48,18 +60,19 @@ struct stage_sync<cudaStream_t> {
           who + ": " + names[i] + " is empty or was aborted; both are aborted now");
     }
     const auto failed = [&] {
-      return intra_impl::comm_failed(intra) || inter_impl::comm_failed(inter);
+      return intra_impl::comm_failed(intra) || stream_failed<InterB>(inter);
     };
     const comm::stream_wait w = comm::wait_stream(stream, cc.timeout, failed);
     // A node transfer that gave up may have let the stream finish: its record still tells.
     const bool intra_failed = intra_impl::comm_failed(intra);
-    const bool inter_failed = inter_impl::comm_failed(inter);
+    const bool inter_failed = stream_failed<InterB>(inter);
     if (w == comm::stream_wait::idle && !intra_failed && !inter_failed) return;
     poison_both<IntraB, InterB>(intra, inter, {});
     comm::drain_stream(stream);
     const std::string both = " (both communicators aborted)";
     if (intra_failed) intra_impl::raise_comm_failure(intra, cc, names[0] + both);
-    if (inter_failed) inter_impl::raise_comm_failure(inter, cc, names[1] + both);
+    if constexpr (stream_ordered_v<InterB>)
+      if (inter_failed) backend_impl<InterB>::raise_comm_failure(inter, cc, names[1] + both);
     throw timeout_error(__FILE__, __LINE__,
                         cc.timeout_message("the work on the stream, over the node-local and the "
                                            "cross-node communicators (both aborted)"));

@@ -1,7 +1,7 @@
 // The node-local stage of the hierarchical collectives (collective/hierarchical.hpp):
 // reduce-scatter and all-gather over `intra`, at full precision or at a codec, and the
 // per-call agreement over both communicators, which may belong to two backends (the node
-// backend inside a node, NCCL across). The full-precision stage is the node-local
+// backend inside a node, NCCL or MPI across). The full-precision stage is the node-local
 // backend's (full_precision_stage, specialised in hierarchical_mpi.hpp,
 // hierarchical_nccl.cuh and hierarchical_node.cuh).
 #pragma once
@@ -123,6 +123,29 @@ void sync_both(const IntraComm& intra, const InterComm& inter, Stream stream,
   stage_sync<Stream>::template wait<IntraB, InterB>(intra, inter, stream, cc);
 }
 
+/// True when a hierarchical collective's stage 2 runs on the host (its backend is not
+/// stream-ordered: MPI) under node-local stages on a stream (the node backend, NCCL): the
+/// stages' data lives in device memory, so stage 2's shard is staged through host memory
+/// (rail_staging), and a call completes before it returns.
+template <class IntraB, class InterB>
+inline constexpr bool staged_rail_v = stream_ordered_v<IntraB> && !stream_ordered_v<InterB>;
+
+/// The host copy of a rail shard between stream-ordered node-local stages and a host
+/// stage 2 (staged_rail_v), by what orders the node's work (specialised beside stage_sync):
+///   rail_staging(std::size_t values, bool in_place): host buffers for stage 2's input and
+///     output of up to `values` each (one, shared, when `in_place`), allocated once;
+///   T* to_host(const T* from, std::size_t n, Stream): enqueues the copy of n values of
+///     `from` into the input buffer and returns it (valid once the stream is waited for);
+///   T* result(): the output buffer (the input one when in_place);
+///   void to_device(T* to, std::size_t n, Stream): enqueues the copy of the output's first
+///     n values to `to`.
+template <class Stream, class T>
+class rail_staging {
+  static_assert(dependent_false<Stream>,
+                "lowbit: no host staging of the cross-node stage for this backend: include "
+                "lowbit/collective/node.cuh or lowbit/collective/nccl.cuh");
+};
+
 /// Runs a call of a flat collective with the backend's entry point: async where calls are
 /// stream-ordered (the hierarchical call synchronises once, at its end), else a completed
 /// call.
@@ -166,10 +189,13 @@ template <class IntraB, class InterB, class T, class IntraCodec, class InterCode
 class intra_stage {
   using impl = backend_impl<IntraB>;
   using inter_impl = backend_impl<InterB>;
-  static_assert(std::is_same_v<typename impl::stream_type, typename inter_impl::stream_type>,
+  static_assert(std::is_same_v<typename impl::stream_type, typename inter_impl::stream_type> ||
+                    staged_rail_v<IntraB, InterB>,
                 "lowbit: the node-local and cross-node backends of a hierarchical collective "
                 "must order their work alike (both on CUDA streams: nccl and node; or both on "
-                "the host: mpi)");
+                "the host: mpi), or run the node-local stages on a CUDA stream and the "
+                "cross-node stage on the host (node inside, mpi across); a host node-local "
+                "stage under a stream-ordered cross-node one is not supported");
   static constexpr bool full = std::is_same_v<IntraCodec, full_precision>;
   /// Stage 1's shards are whole blocks of the codec that cuts them: stage 2's at full
   /// precision, so that a rail shard is whole stage-2 blocks too.
@@ -303,7 +329,8 @@ class intra_stage {
     v.h = h;
     v.h.rank = static_cast<std::uint32_t>(n_);
     v.ok = why.empty() ? 1 : 0;
-    const std::byte* all = inter_ch_.exchange(&v, sizeof v, stream, opts_.timeout, who_);
+    const std::byte* all =
+        inter_ch_.exchange(&v, sizeof v, inter_stream(stream), opts_.timeout, who_);
     const int N = static_cast<int>(inter_ch_size());
     for (int q = 0; q < N && why.empty(); ++q) {
       if (q == n_) continue;
@@ -375,6 +402,14 @@ class intra_stage {
       : std::true_type {};
 
   std::size_t inter_ch_size() const noexcept { return inter_size_; }
+  /// What orders the rail's exchanges: the caller's stream, or nothing where stage 2 runs
+  /// on the host (staged_rail_v).
+  static typename inter_impl::stream_type inter_stream(stream_type s) {
+    if constexpr (std::is_same_v<stream_type, typename inter_impl::stream_type>)
+      return s;
+    else
+      return {};
+  }
 
   static std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stage, std::uint64_t key) {
     return seed ^ ((stage * 0x9e3779b97f4a7c15ull) + (key + 1) * 0xbf58476d1ce4e5b9ull);
@@ -411,7 +446,8 @@ class intra_stage {
         why = "the rails of this node hold " + std::to_string(o[1]) + " and " +
               std::to_string(inter_size) + " ranks";
     }
-    const std::byte* b = inter_ch_.exchange(mine, sizeof mine, stream_type{}, opts_.timeout, who_);
+    const std::byte* b =
+        inter_ch_.exchange(mine, sizeof mine, inter_stream(stream_type{}), opts_.timeout, who_);
     for (int q = 0; q < inter_size; ++q) {
       std::int64_t o[2];
       std::memcpy(o, b + static_cast<std::size_t>(q) * sizeof mine, sizeof o);
