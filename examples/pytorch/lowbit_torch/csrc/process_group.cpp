@@ -439,9 +439,19 @@ void bind_process_group(pybind11::module_& m) {
   m.def(
       "process_group_stats",
       [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        process_group& pg = ours(b);
+        std::vector<std::pair<std::string, std::int64_t>> counts;
+        std::string lowbit;
+        {
+          // The lowbit path holds the backend's lock while it builds a collective, which on
+          // the node backend calls Python (its bootstrap): never wait for it with the GIL.
+          py::gil_scoped_release nogil;
+          counts = pg.stats();
+          lowbit = pg.lowbit_backend();
+        }
         py::dict d;
-        for (auto& kv : ours(b).stats()) d[py::str(kv.first)] = kv.second;
-        d["lowbit_backend"] = ours(b).lowbit_backend();
+        for (auto& kv : counts) d[py::str(kv.first)] = kv.second;
+        d["lowbit_backend"] = lowbit;
         return d;
       },
       py::arg("backend"));
