@@ -4,6 +4,8 @@
 - FSDP2: ``module.set_custom_reduce_scatter(ReduceScatter(bits=4))``,
   ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``
 - the codec: ``encode``, ``decode``, ``frame_bytes``
+- a torch.distributed backend: ``lowbit_torch.init(bits=4)`` then
+  ``dist.init_process_group("cpu:gloo,cuda:lowbit")`` (backend.py)
 
 The collectives run on the process group's own NCCL communicator (an NCCL group) or on
 lowbit's node backend (a gloo group of ranks on one host, several of which may share one
@@ -32,6 +34,8 @@ def _check_torch():
 
 _check_torch()
 
+from .backend import Options as BackendOptions
+from .backend import init
 from .codec import BLOCK, decode, encode, frame_bytes, whole_blocks
 from .comm import backend_of, communicator, release
 from .ddp import DDPState, ddp_hook
@@ -53,6 +57,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'lowbit_torch' has no attribute {name!r}")
 
 
-__all__ = ["AgreementError", "AllGather", "DDPState", "MIN_TORCH", "ReduceScatter", "apply_fsdp",
-           "backend_of", "communicator", "ddp_hook",
-           "decode", "encode", "frame_bytes", "load", "release"]
+__all__ = ["AgreementError", "AllGather", "BackendOptions", "DDPState", "MIN_TORCH",
+           "ReduceScatter", "apply_fsdp", "backend_of", "communicator", "ddp_hook",
+           "decode", "encode", "frame_bytes", "init", "load", "release"]

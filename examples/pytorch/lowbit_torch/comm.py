@@ -46,6 +46,11 @@ def backend_of(group=None):
         return "nccl"
     if name == "gloo":
         return "node"
+    if name == "lowbit":
+        raise ValueError("lowbit_torch: the process group's CUDA backend is 'lowbit' (lowbit_torch."
+                         "init), whose all-reduce, reduce-scatter and all-gather already run "
+                         "lowbit's collectives: use a comm hook or FSDP2 collectives on an NCCL "
+                         "or gloo group instead, not on top of it")
     raise ValueError(f"lowbit_torch: the process group's CUDA backend is '{name}'; lowbit runs "
                      "on an NCCL group's communicator, or on a gloo group whose ranks are on one "
                      "host (its node backend, CUDA IPC: several ranks may share one GPU)")
@@ -114,8 +119,14 @@ def _node_communicator(pg):
     # makes them at the same points: communicator() is collective).
     name = getattr(pg, "group_name", "") or "world"
     n = _NODE_COMMS[name] = _NODE_COMMS.get(name, -1) + 1
-    prefix = f"lowbit/node/{name}/{n}"
-    allgather = StoreAllGather(_store_of(pg), prefix, rank, size)
+    return node_communicator(_store_of(pg), f"lowbit/node/{name}/{n}", rank, size)
+
+
+def node_communicator(store, prefix, rank, size):
+    """A node communicator of ``size`` ranks on the current CUDA device, bootstrapped over
+    ``store`` under keys starting with ``prefix`` (unique per communicator, the same on
+    every rank). Collective: every rank calls it at the same point."""
+    allgather = StoreAllGather(store, prefix, rank, size)
     try:
         return extension().Communicator.node(rank, size, allgather)
     except ValueError as e:

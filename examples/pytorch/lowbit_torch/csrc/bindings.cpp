@@ -1,10 +1,13 @@
 // The Python module: lowbit's errors as Python exceptions, then the codec functions and
 // (unless built with LOWBIT_TORCH_CODEC_ONLY, the codec alone for simulations) the
-// collectives.
+// collectives and the "lowbit" torch.distributed backend.
 #include <torch/extension.h>
 
 #include "choices.h"
 #include "lowbit/core/error.hpp"
+#ifndef LOWBIT_TORCH_CODEC_ONLY
+#include "process_group.h"
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
@@ -27,5 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_codec(m);
 #ifndef LOWBIT_TORCH_CODEC_ONLY
   bind_collectives(m);
+  bind_process_group(m);  // the "lowbit" torch.distributed backend
+  bind_lowbit_collectives(m);
 #endif
 }

@@ -86,5 +86,8 @@ inline void check_max_count(std::int64_t max_count) {
 /// The bindings of each part of the module (bindings.cpp calls them).
 void bind_codec(pybind11::module_& m);
 void bind_collectives(pybind11::module_& m);
+/// The lowbit torch.distributed backend's lowbit path (process_group_collectives.cpp); the
+/// backend itself is process_group.h's bind_process_group.
+void bind_lowbit_collectives(pybind11::module_& m);
 
 }  // namespace lowbit_torch

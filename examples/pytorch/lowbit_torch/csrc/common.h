@@ -25,11 +25,15 @@
 
 namespace lowbit_torch {
 
-/// The absmax codecs the extension compiles: blocks of 128, either grid, either rounding.
+/// Values per codec block (lowbit_torch.codec.BLOCK): the compiled codecs' block size.
+inline constexpr int codec_block = 128;
+
+/// The absmax codecs the extension compiles: blocks of codec_block values, either grid,
+/// either rounding.
 template <class Grid, class Rounding>
 struct absmax_family {
   template <int Bits>
-  using of = lowbit::codec<lowbit::quant::absmax<Bits, 128, Grid>, Rounding>;
+  using of = lowbit::codec<lowbit::quant::absmax<Bits, codec_block, Grid>, Rounding>;
 };
 
 /// A codec chosen at run time: width, grid and rounding.
