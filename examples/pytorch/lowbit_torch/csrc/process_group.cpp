@@ -266,7 +266,7 @@ class process_group final : public c10d::Backend {
     out.emplace_back("forwarded_other", forwarded_other_.load());
     std::lock_guard<std::mutex> lock(mutex_);
     if (lowbit_) {
-      for (auto& kv : lowbit_->counters()) out.emplace_back("built_" + kv.first, kv.second);
+      for (auto& kv : lowbit_->counters()) out.push_back(kv);
     }
     return out;
   }

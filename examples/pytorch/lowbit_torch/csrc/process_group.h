@@ -52,8 +52,8 @@ class lowbit_collectives {
   virtual void all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
   /// "nccl" or "node": the lowbit backend the collectives run on.
   virtual std::string backend() const = 0;
-  /// Collectives built so far, per kind ("all_reduce", ...); "feedback_tensors": how many
-  /// tensors hold feedback state now.
+  /// Collectives built so far, per kind ("built_all_reduce", ...); "feedback_tensors": how
+  /// many tensors hold feedback state now; "feedback_dropped": states evicted.
   virtual std::vector<std::pair<std::string, std::int64_t>> counters() const = 0;
 };
 

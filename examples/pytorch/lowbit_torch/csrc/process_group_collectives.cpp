@@ -113,9 +113,9 @@ class handle_collectives final : public lowbit_collectives {
   std::string backend() const override { return backend_name(comm_.backend()); }
 
   std::vector<std::pair<std::string, std::int64_t>> counters() const override {
-    return {{"all_reduce", built_[0]},
-            {"reduce_scatter", built_[1]},
-            {"all_gather", built_[2]},
+    return {{"built_all_reduce", built_[0]},
+            {"built_reduce_scatter", built_[1]},
+            {"built_all_gather", built_[2]},
             {"feedback_tensors", static_cast<std::int64_t>(lru_.size())},
             {"feedback_dropped", dropped_}};
   }
