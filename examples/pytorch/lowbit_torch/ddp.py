@@ -83,6 +83,8 @@ class DDPState:
         self.calibrate_max_bytes = calibrate_max_bytes
         self._check_bits(bits)
         self._buckets = {}  # bucket index -> AllReduce handle
+        self._layouts = {}  # bucket index -> its parameters' shapes, in the bucket's order
+        self._loaded = {}  # bucket index -> the layout a loaded state was saved under
         self._calibrated = {}  # (dtype, bits) -> (crossover bytes, largest size measured)
         self._stats = collections.Counter()
         self._streams = {}  # device index -> the hook's stream
@@ -211,6 +213,7 @@ class DDPState:
             replicated = h.replicated_state(h.max_count)
             buckets[index] = {
                 "max_count": h.max_count, "dtype": h.dtype, "step": h.step,
+                "layout": self._layouts.get(index),
                 "worker": _host_copy(worker), "replicated": _host_copy(replicated),
             }
         return {"version": 1, "bits": self.bits, "buckets": buckets,
@@ -241,7 +244,23 @@ class DDPState:
             replicated = empty if b["replicated"] is None else b["replicated"].to(device)
             h.load_state(worker.contiguous(), replicated.contiguous(), b["step"])
             self._buckets[index] = h
+            self._loaded[index] = b.get("layout")
         torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
+
+    def note_layout(self, index, layout):
+        """Records bucket ``index``'s layout (its parameters' shapes, in order) as the hook
+        sees it. A state loaded for that index is kept only if it was saved under the same
+        layout: DDP's first iteration after a resume buckets by construction order, and
+        its later rebuild by gradient order, so an index may hold other parameters than
+        when it was saved. Such a state is dropped (the bucket starts with fresh feedback,
+        counted as ``feedback_dropped_on_load``) rather than added to other gradients."""
+        self._layouts[index] = layout
+        if index not in self._loaded:
+            return
+        saved = self._loaded.pop(index)
+        if saved is not None and [tuple(s) for s in saved] != layout:
+            self._buckets.pop(index, None)
+            self._stats["feedback_dropped_on_load"] += 1
 
     def worker_state(self, index):
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""
@@ -267,6 +286,7 @@ def ddp_hook(state, bucket):
     caller = torch.cuda.current_stream(device)
     stream = state.stream(device)
     stream.wait_stream(caller)  # the bucket's gradients are complete on the caller's stream
+    state.note_layout(bucket.index(), [tuple(p.shape) for p in bucket.parameters()])
     with torch.cuda.stream(stream):
         state.all_reduce_(bucket.index(), tensor)
         # The bucket was made on the caller's stream; used here too, its memory must not

@@ -222,10 +222,15 @@ def test_ddp_with_the_hook_trains_identically_on_every_rank(ext, group, case):
               f"{s.get('rebuilds', 0)} rebuilds, wire ratio {s['wire_ratio']:.3f}")
 
 
-def test_a_resumed_ddp_state_continues_bit_identically(ext, group):
+@pytest.mark.parametrize("unused", [True, False], ids=["no_rebuild", "rebuild"])
+def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused):
     """Three steps, a checkpoint (parameters, optimizer, DDPState), two more steps; then a
     fresh model, optimizer, DDP and DDPState loaded from the checkpoint run the same two
-    steps: the same bits. Without the DDPState's state (fresh feedback) they differ."""
+    steps. With find_unused_parameters DDP never rebuilds its buckets, so the resumed run
+    buckets as the saved one did: the same bits. By default DDP's first iteration after the
+    resume buckets by construction order, which may put other parameters under an index
+    than at the checkpoint: the state of such a bucket is dropped (counted), never added
+    to other gradients, and the ranks stay identical."""
     import copy
 
     def run(params, opt_state, lowbit_state, first, steps):
@@ -236,7 +241,8 @@ def test_a_resumed_ddp_state_continues_bit_identically(ext, group):
                 for p, q in zip(net.parameters(), params):
                     p.copy_(q)
         ddp = nn.parallel.DistributedDataParallel(net, device_ids=[torch.cuda.current_device()],
-                                                  bucket_cap_mb=0.25)
+                                                  bucket_cap_mb=0.25,
+                                                  find_unused_parameters=unused)
         state = lowbit_torch.DDPState(bits=4, feedback="residual", crossover=0)
         if lowbit_state is not None:
             state.load_state_dict(lowbit_state)
@@ -253,32 +259,25 @@ def test_a_resumed_ddp_state_continues_bit_identically(ext, group):
             _loss(ddp, step).backward()
             opt.step()
         flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-        return flat, saved
+        return flat, saved, state
 
-    straight, saved = run(None, None, None, 0, 5)
+    straight, saved, _ = run(None, None, None, 0, 5)
     params, opt_state, lowbit_state = saved
     assert any(b["worker"] is not None and b["worker"].abs().sum() > 0
                for b in lowbit_state["buckets"].values())  # there is feedback state to keep
-    resumed, _ = run(params, opt_state, lowbit_state, 3, 2)
-    assert torch.equal(resumed, straight)
-    fresh, _ = run(params, opt_state, None, 3, 2)
-    assert not torch.equal(fresh, straight)  # the state mattered: the test can fail
+    assert all(b["layout"] for b in lowbit_state["buckets"].values())
+    resumed, _, state = run(params, opt_state, lowbit_state, 3, 2)
+    dropped = state.stats().get("feedback_dropped_on_load", 0)
+    if unused:
+        assert dropped == 0
+        assert torch.equal(resumed, straight)
+    else:
+        assert torch.equal(resumed, straight) or dropped > 0
     assert _all_same(resumed)
-
-
-# ------------------------------------------------------------------------- overlap
-
-class _Bucket:
-    """What ddp_hook reads of DDP's GradBucket."""
-
-    def __init__(self, index, tensor):
-        self._index, self._tensor = index, tensor
-
-    def index(self):
-        return self._index
-
-    def buffer(self):
-        return self._tensor
+    # Fresh feedback instead of the checkpoint's changes the result: the state mattered.
+    fresh, _, _ = run(params, opt_state, None, 3, 2)
+    if unused:
+        assert not torch.equal(fresh, straight)
 
 
 def test_the_hooks_collectives_run_on_its_own_stream(ext, group):
