@@ -275,6 +275,33 @@ class RealRanksTest(unittest.TestCase):
         self.assertIn("the process group has 1", refused("--ranks", "2"))
 
 
+class CompareRunsTest(unittest.TestCase):
+    """compare_runs.py: a real run against its simulation, row by row."""
+
+    def test_compare_runs_names_the_first_differing_step(self):
+        import compare_runs
+
+        head = "config,seed,ranks,step,train_loss,val_loss,seconds\n"
+        a = head + "b4,0,2,1,2.00000,,0.1\nb4,0,2,2,1.90000,1.95000,0.2\n" \
+                   "b4,0,2,3,1.80000,1.85000,0.3\nfp32,0,2,1,2.00000,,0.1\n"
+        b = head + "b4,0,2,1,2.00000,,0.5\nb4,0,2,2,1.90000,1.95000,0.6\n" \
+                   "b4,0,2,3,1.80010,1.85000,0.7\nfp32,0,2,1,2.00000,,0.1\n"
+        with tempfile.TemporaryDirectory() as d:
+            pa, pb = os.path.join(d, "a.csv"), os.path.join(d, "b.csv")
+            for path, text in ((pa, a), (pb, b)):
+                with open(path, "w") as f:
+                    f.write(text)
+            rows = {r["config"]: r for r in compare_runs.compare(compare_runs.load(pa),
+                                                                 compare_runs.load(pb))}
+            self.assertEqual(compare_runs.main([pa, os.path.join(d, "none.csv")]), 2)
+        self.assertEqual((rows["fp32"]["identical"], rows["fp32"]["first_differing_step"]),
+                         ("yes", ""))
+        self.assertEqual((rows["b4"]["identical"], rows["b4"]["first_differing_step"]),
+                         ("no", 3))
+        self.assertEqual(rows["b4"]["max_abs_train_diff"], "0.00010")
+        self.assertEqual(rows["b4"]["steps"], 3)  # seconds are not compared
+
+
 @unittest.skipIf(torch is None, "torch is not installed")
 class SweepTest(unittest.TestCase):
     COMMON = ["--device", "cpu", "--model", "cnn", "--ranks", "2", "--steps", "4",
