@@ -44,6 +44,9 @@ options:
   --plan FILE           predict this plan instead of choosing one (plan JSON as
                         --out writes it, or {"default": "bf16", "ops": {...}})
   --json FILE           write predicted time and memory per device as JSON
+  --switch-costs FILE   what a precision switch costs on every group's device, as
+                        switch_probe.py measures it (its "device" object: cast fits,
+                        cast_host_ms, cast_backward_host_ms, wrap_host_ms)
   --batch N             per-GPU batch of a built-in model (resnet50: 32, bert-base: 8)
   --seq N               sequence length of bert-base (default 384)
   --target-ms X         iteration-time target; default: the fastest device type's
@@ -104,7 +107,7 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string model = "resnet50", cluster_name = "t4v100", out, solver = "greedy";
-  std::string traces, plain_traces, plan_file, json_out;
+  std::string traces, plain_traces, plan_file, json_out, switch_costs;
   int batch = 0, seq = 384;
   double target_ms = 0;
   double target_slack = -1;    // percent over the fastest uniform plan; < 0: not given
@@ -215,6 +218,8 @@ options parse_args(int argc, char** argv) {
       o.plan_file = value();
     } else if (a == "--json") {
       o.json_out = value();
+    } else if (a == "--switch-costs") {
+      o.switch_costs = value();
     } else if (a == "--all-ops") {
       o.all_ops = true;
     } else {
@@ -246,6 +251,12 @@ cluster load_cluster(const options& o, const op_graph& g) {
   cluster c = is_json_file(o.cluster_name)
                   ? cluster_from_json(read_json_file(o.cluster_name), g, dir_of(o.cluster_name))
                   : builtin_cluster(o.cluster_name);
+  if (!o.switch_costs.empty()) {
+    const nlohmann::json j = read_json_file(o.switch_costs);
+    detail::at_place(o.switch_costs, [&] {
+      for (auto& grp : c.groups) apply_device_fields(grp.device, j.value("device", j));
+    });
+  }
   if (!o.plain_traces.empty() && o.traces.empty())
     throw usage_error("--plain-traces needs --traces");
   if (o.traces.empty()) return c;

@@ -12,6 +12,9 @@ the module (lowbit-plan, the C++ planner, is in tools/).
   with their training steps at two batch sizes (and a tiny size for CPU tests).
 - ``host_drift``, ``memory_probe``: measurements behind validate's choices
   (``lowbit-qsync-host-drift``, ``lowbit-qsync-memory-probe``).
+- ``switch_probe``: what a precision switch costs under the applier (cast fit, host time
+  per cast and per wrapped op), as device fields lowbit-plan takes
+  (``lowbit-qsync-switch-probe``).
 - ``make_test_traces``, ``trim_trace``: the C++ tests' real traces
   (``lowbit-qsync-make-test-traces``, ``lowbit-qsync-trim-trace``).
 

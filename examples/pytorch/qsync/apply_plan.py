@@ -170,7 +170,8 @@ class applied_plan:
             m.forward = fp8.forward_of(m)
         # Hooks only on the modules of wrapped ops (every op at another precision than
         # the ambient and every consumer of one is wrapped): a module hook costs host
-        # time on every call, which no profile holds; a uniform plan installs none.
+        # time on every call, which no profile holds (lowbit-plan prices it per wrapped
+        # op, wrap_host_ms: switch_probe.py); a uniform plan installs none.
         # Where a wrapped op's module also has function ops (attribution), a torch
         # function mode runs while their callers' forwards run, with hooks on the leaves
         # under those callers, so that the calls are told apart and counted as recorded.

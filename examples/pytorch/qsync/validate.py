@@ -37,7 +37,10 @@ Predict mode (no torch needed): ``lowbit-qsync-validate --predict --out OUT --lo
 runs ``lowbit-plan --plan`` on every measured case, given the host samples that
 ``--host-truth`` names (``rounds``: those beside the measurement, the default;
 ``profiling``; ``all``), and writes the validation table (case, predicted, measured,
-error %) to ``OUT/validation.md`` and ``OUT/validation.csv``.
+error %) to ``OUT/validation.md`` and ``OUT/validation.csv``. With ``--switch-probe FILE``
+(switch_probe.py's JSON, in either mode) the cluster's device takes its cast fit and the
+host times of a precision switch: the file is copied to ``OUT/switch_probe.json``, which
+every later prediction from OUT uses too.
 
 Exit status: 0 done, 1 an error (printed), 2 bad arguments or no CUDA.
 """
@@ -82,6 +85,9 @@ ALLOC_FP8_SPEEDUPS = (("alloc-fp8-80pct", 80.0),)
 ZOO_EFFORT = {"gpu": dict(iters=12, host_iters=6, rounds=3, warmup=2, profile_steps=2),
               "host": dict(iters=30, host_iters=15, rounds=3, warmup=3, profile_steps=2)}
 T0 = time.time()
+# switch_probe.py's constants, copied into OUT by --switch-probe: every prediction from
+# OUT (and --predict on it later) prices precision switches with them.
+SWITCH_PROBE = "switch_probe.json"
 
 
 def log(msg: str) -> None:
@@ -523,7 +529,11 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
         raise RuntimeError("no traces for %s under %s" % (name, tdir))
     # the menu: what was profiled and can be applied (autocast's, and fp8 where profiled)
     menu = tuple(p for p in ("fp8", "fp16", "bf16", "fp32") if p in found or p != "fp8")
-    cluster = qm.write_json(os.path.join(out, "cluster.json"), qm.cluster_json("H200", menu))
+    cluster = qm.cluster_json("H200", menu)
+    probe = os.path.join(out, SWITCH_PROBE)  # what a precision switch costs, measured
+    if os.path.exists(probe):
+        cluster["groups"][0]["device"].update(qm.read_json(probe)["device"])
+    cluster = qm.write_json(os.path.join(out, "cluster.json"), cluster)
     a = ["--model", os.path.join(out, "%s.model.json" % name), "--cluster", cluster,
          "--traces", ",".join(inst)]
     if plain:
@@ -792,6 +802,10 @@ def parse_args(argv=None):
                          "a CPU torch with torch._scaled_mm under --smoke)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny models on the CPU: checks the pipeline, measures nothing")
+    ap.add_argument("--switch-probe", default="", metavar="FILE",
+                    help="switch_probe.py's JSON: copied to OUT/%s, whose cast fit and "
+                         "switch host times lowbit-plan then prices every prediction "
+                         "from OUT with" % SWITCH_PROBE)
     a = ap.parse_args(argv)
     a.all_cpus = sorted(os.sched_getaffinity(0))
     try:
@@ -823,6 +837,13 @@ def main(argv=None):
     """Run mode, or --predict; returns the exit status."""
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.switch_probe:
+        probe = qm.read_json(args.switch_probe)
+        qm.write_json(os.path.join(args.out, SWITCH_PROBE), probe)
+        log("switch costs from %s (%s, %s, torch %s%s): %s" % (
+            args.switch_probe, probe.get("date", "?"), probe.get("gpu", "?"),
+            probe.get("torch", "?"), ", smoke" if probe.get("smoke") else "",
+            json.dumps(probe["device"], sort_keys=True)))
     if args.predict:
         return predict(args)
     try:

@@ -60,6 +60,17 @@ inline cast_costs scaled_cast_costs(double memory_bandwidth_gbs) {
   return c;
 }
 
+/// Host time a precision switch costs under lowbit's plan applier
+/// (examples/pytorch/qsync/apply_plan.py), beyond the ops at their own precisions: its
+/// casts of activations and gradients, and the forward hooks of every op it wraps. No
+/// profile holds them (a uniform plan wraps nothing). Measured by switch_probe.py; the
+/// defaults price a cast as one launch each way and the hooks at nothing.
+struct switch_host_costs {
+  double cast_forward_ms = -1.0;   ///< one edge cast in forward (Python `.to`); < 0: launch_ms
+  double cast_backward_ms = -1.0;  ///< its gradient's cast (autograd's node); < 0: launch_ms
+  double wrap_ms = 0.0;            ///< a wrapped op's forward hooks, autocast enter and exit
+};
+
 /// One GPU model. All fields are public so that measured values can replace the
 /// datasheet ones (see plan_io.hpp for the JSON form).
 struct device_profile {
@@ -81,6 +92,13 @@ struct device_profile {
   /// Part of every plan's memory.
   double workspace_mib = 0.0;
   cast_costs casts = t4_cast_costs();
+  switch_host_costs switches;  ///< the plan applier's host time per switch
+
+  /// Host time of one edge cast's launch in forward (`backward`: of its gradient's).
+  double cast_host_ms(bool backward) const noexcept {
+    const double t = backward ? switches.cast_backward_ms : switches.cast_forward_ms;
+    return t >= 0 ? t : launch_ms;
+  }
 
   /// True when the chip has a mode for `p`.
   bool supports(precision p) const noexcept { return peak_tflops[index_of(p)] > 0.0; }

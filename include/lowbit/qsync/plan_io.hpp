@@ -117,15 +117,22 @@ inline training_model model_from_json(const nlohmann::json& j) {
   return m;
 }
 
-/// A device from JSON: a built-in name (`"T4"`), or `{"base": "T4", ...overrides}` with
-/// any of name, memory_gib, memory_bandwidth_gbs, compute_efficiency,
-/// bandwidth_efficiency, launch_ms, reserved_gib, workspace_mib, precisions [...], and
-/// peak_tflops {"fp16": 60, ...}: measured values replacing datasheet ones.
-inline device_profile device_from_json(const nlohmann::json& j) {
-  if (j.is_string()) return builtin_device(j.get<std::string>());
-  LOWBIT_EXPECTS(j.is_object(), "device: expected a name or an object");
-  device_profile d =
-      j.contains("base") ? builtin_device(j["base"].get<std::string>()) : device_profile{};
+namespace detail {
+inline linear_cost linear_cost_of(const nlohmann::json& j, linear_cost c) {
+  c.a_ms = number_or(j, "a_ms", c.a_ms);
+  c.b_ms = number_or(j, "b_ms", c.b_ms);
+  return c;
+}
+}  // namespace detail
+
+/// Replaces the fields of `d` that `j` gives (device_from_json's overrides, and the
+/// "device" object switch_probe.py writes): name, memory_gib, memory_bandwidth_gbs,
+/// compute_efficiency, bandwidth_efficiency, launch_ms, reserved_gib, workspace_mib,
+/// precisions [...], peak_tflops {"fp16": 60, ...}, cast_fits {"float_to_float" |
+/// "quantize" | "dequantize": {"a_ms", "b_ms"}} and the host time of a precision switch
+/// under the plan applier: cast_host_ms, cast_backward_host_ms, wrap_host_ms.
+inline void apply_device_fields(device_profile& d, const nlohmann::json& j) {
+  LOWBIT_EXPECTS(j.is_object(), "device: expected an object");
   d.name = j.value("name", d.name);
   d.memory_gib = detail::number_or(j, "memory_gib", d.memory_gib);
   d.memory_bandwidth_gbs = detail::number_or(j, "memory_bandwidth_gbs", d.memory_bandwidth_gbs);
@@ -138,7 +145,34 @@ inline device_profile device_from_json(const nlohmann::json& j) {
   if (j.contains("peak_tflops"))
     for (const auto& [k, v] : j["peak_tflops"].items())
       d.peak_tflops[index_of(parse_precision(k))] = v.get<double>();
-  if (!j.contains("base")) d.casts = scaled_cast_costs(d.memory_bandwidth_gbs);
+  if (j.contains("cast_fits"))
+    for (const auto& [k, v] : j["cast_fits"].items()) {
+      linear_cost* c = k == "float_to_float" ? &d.casts.float_to_float
+                       : k == "quantize"     ? &d.casts.quantize
+                       : k == "dequantize"   ? &d.casts.dequantize
+                                             : nullptr;
+      LOWBIT_EXPECTS(c != nullptr,
+                     "cast_fits: unknown fit '" + k + "' (float_to_float, quantize, dequantize)");
+      *c = detail::linear_cost_of(v, *c);
+    }
+  d.switches.cast_forward_ms = detail::number_or(j, "cast_host_ms", d.switches.cast_forward_ms);
+  d.switches.cast_backward_ms =
+      detail::number_or(j, "cast_backward_host_ms", d.switches.cast_backward_ms);
+  d.switches.wrap_ms = detail::number_or(j, "wrap_host_ms", d.switches.wrap_ms);
+}
+
+/// A device from JSON: a built-in name (`"T4"`), or `{"base": "T4", ...overrides}` with
+/// any of the fields apply_device_fields takes: measured values replacing datasheet
+/// ones. Without a base, the cast fits are the T4's scaled to the given bandwidth, unless
+/// given.
+inline device_profile device_from_json(const nlohmann::json& j) {
+  if (j.is_string()) return builtin_device(j.get<std::string>());
+  LOWBIT_EXPECTS(j.is_object(), "device: expected a name or an object");
+  device_profile d =
+      j.contains("base") ? builtin_device(j["base"].get<std::string>()) : device_profile{};
+  if (!j.contains("base"))
+    d.casts = scaled_cast_costs(detail::number_or(j, "memory_bandwidth_gbs", 320.0));
+  apply_device_fields(d, j);
   LOWBIT_EXPECTS(!d.name.empty() && d.memory_bandwidth_gbs > 0 && d.memory_gib > 0,
                  "device needs a name, memory_gib and memory_bandwidth_gbs (or a base)");
   return d;

@@ -115,19 +115,25 @@ class simulator {
   /// through code between the ops costs A -> p[i]; gradients go back the same ways. An op
   /// whose time at its precision was measured gets no weight or graph-input casts: its
   /// autocast profile holds them. Each op kernel carries the op's host time (measured,
-  /// else one launch); the tail is the one measured at A (else the roofline optimizer
-  /// step).
+  /// else one launch); an edge cast carries the device's cast host time (forward, or its
+  /// gradient's in backward), a weight or graph-input cast one launch. Through the
+  /// ambient, every op the applier wraps (wrapped_ops) carries the host time of its hooks
+  /// on its forward kernel. The tail is the one measured at A (else the roofline
+  /// optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
     const cost_model& cm = costs_.at(g);
     const double launch = cm.device().launch_ms;
+    const double edge_host[2] = {cm.device().cast_host_ms(false), cm.device().cast_host_ms(true)};
     device_trace t;
     auto push = [&](double cpu, double gpu, kernel_kind kind, std::size_t i) {
       t.kernels.push_back({cpu, gpu, kind, i});
     };
-    auto cast = [&](precision from, precision to, double numel, std::size_t i) {
+    // `host`: one launch for autocast's weight and input casts, the cast host time for
+    // an edge cast (edge_host[backward]).
+    auto cast = [&](precision from, precision to, double numel, std::size_t i, double host) {
       if (from != to && numel > 0 && cm.cast_ms(from, to, numel) > 0)
-        push(launch, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
+        push(host, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
     };
     const precision ambient = dominant_precision(p);
     const bool through_ambient = model_.casts == cast_rule::ambient;
@@ -145,9 +151,12 @@ class simulator {
       return through_ambient && autocast_runs_fp32(gr.at(i).kind);
     };
     const auto edge_cast = [&](precision from, precision to, double numel, std::size_t i,
-                               std::size_t other) {
-      if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i);
+                               std::size_t other, bool backward) {
+      if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i, edge_host[backward]);
     };
+    const std::vector<bool> wrapped =
+        through_ambient ? wrapped_ops(p, ambient) : std::vector<bool>(gr.size(), false);
+    const double wrap = cm.device().switches.wrap_ms;
     // The code between the ops (residual adds, functional attention, a loss), measured
     // before each op in the profile whose tail the plan takes: the code runs at the
     // ambient precision. Its host time is in the op's (cpu 0 here); its kernels run before
@@ -160,18 +169,20 @@ class simulator {
       const op& o = gr.at(i);
       if (const double c = code(i).forward_ms; c > 0) push(0.0, c, kernel_kind::code, i);
       const bool inside = cm.measured_with_casts(o, p[i], false);
-      if (gr.producers(i).empty() && !inside) cast(precision::fp32, p[i], o.stats.input_numel, i);
+      if (gr.producers(i).empty() && !inside)
+        cast(precision::fp32, p[i], o.stats.input_numel, i, launch);
       for (std::size_t j : gr.producers(i)) {
         if (!through_ambient)
-          cast(p[j], p[i], gr.at(j).output_numel, i);
+          cast(p[j], p[i], gr.at(j).output_numel, i, edge_host[0]);
         else if (gr.via_code(i, j))
-          edge_cast(ambient, p[i], gr.at(j).output_numel, i, i);
+          edge_cast(ambient, p[i], gr.at(j).output_numel, i, i, false);
         else if (p[i] != ambient)  // at the ambient, it reads the producer's ambient copy
-          edge_cast(p[j], p[i], gr.at(j).output_numel, i, j);
+          edge_cast(p[j], p[i], gr.at(j).output_numel, i, j, false);
       }
-      if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i);
-      push(cm.host_time(o, p[i]).forward_ms, cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
-      if (through_ambient) edge_cast(p[i], ambient, o.output_numel, i, i);
+      if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i, launch);
+      push(cm.host_time(o, p[i]).forward_ms + (wrapped[i] ? wrap : 0.0),
+           cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
+      if (through_ambient) edge_cast(p[i], ambient, o.output_numel, i, i, false);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
@@ -181,17 +192,17 @@ class simulator {
       if (const double c = code(i).backward_ms; c > 0) push(0.0, c, kernel_kind::code, i);
       for (std::size_t c : gr.consumers(i)) {
         if (!through_ambient)
-          cast(p[c], p[i], o.output_numel, i);
+          cast(p[c], p[i], o.output_numel, i, edge_host[1]);
         else if (gr.via_code(c, i))
-          edge_cast(p[c], ambient, o.output_numel, i, c);
+          edge_cast(p[c], ambient, o.output_numel, i, c, true);
         else if (p[c] != ambient)
-          edge_cast(p[c], p[i], o.output_numel, i, c);
+          edge_cast(p[c], p[i], o.output_numel, i, c, true);
       }
-      if (ambient_copy_read[i]) edge_cast(ambient, p[i], o.output_numel, i, i);
+      if (ambient_copy_read[i]) edge_cast(ambient, p[i], o.output_numel, i, i, true);
       push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
            i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
-        cast(p[i], precision::fp32, o.param_numel, i);
+        cast(p[i], precision::fp32, o.param_numel, i, launch);
       grad_ready[i] = t.kernels.size() - 1;
     }
     for (const auto& b : buckets_) {
@@ -203,6 +214,23 @@ class simulator {
     t.tail_ms = tail.gpu_ms;
     t.tail_cpu_ms = tail.cpu_ms;
     return t;
+  }
+
+  /// The ops lowbit's plan applier wraps under resolved precisions `p` at ambient
+  /// precision `ambient` (apply_plan.py: qsync_model.ops_to_wrap and the parameter-free
+  /// ops off the ambient): every op at another precision than the ambient, and every op
+  /// with parameters fed by an op at another precision than its own. Each carries forward
+  /// hooks (a pre- and a post-hook, autocast entered and left, its inputs and outputs
+  /// walked); a uniform plan wraps nothing.
+  std::vector<bool> wrapped_ops(const std::vector<precision>& p, precision ambient) const {
+    const op_graph& gr = model_.graph;
+    std::vector<bool> out(gr.size(), false);
+    for (std::size_t i = 0; i < gr.size(); ++i) {
+      out[i] = p.at(i) != ambient;
+      if (gr.at(i).has_params())
+        for (std::size_t j : gr.producers(i)) out[i] = out[i] || p.at(j) != p[i];
+    }
+    return out;
   }
 
   /// The precision most ops with parameters run at under `p` (ties to the higher one;

@@ -1,0 +1,137 @@
+// What a precision switch costs under lowbit's plan applier: its edge casts' GPU time from
+// the device's cast fit, their host time forward and backward, and the wrapped ops' hooks.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lowbit/qsync/plan_io.hpp"
+#include "lowbit/qsync/simulator.hpp"
+#include "qsync_fixtures.hpp"
+
+using namespace lowbit::qsync;
+using namespace lowbit::qsync::test;
+using P = precision;
+
+namespace {
+
+// A chain of linears measured at fp16 and fp32 (so no weight casts), each half taking
+// `host` ms of host time and `gpu` ms of GPU time, with a tail at both precisions.
+simulator measured_chain(std::vector<op> ops, const device_profile& d, double host, double gpu,
+                         cast_rule rule = cast_rule::ambient) {
+  training_model m = model_of(ops);
+  m.casts = rule;
+  device_group grp{d, 1, {}};
+  for (const op& o : ops)
+    for (P p : {P::fp16, P::fp32}) {
+      grp.measured.set(o.name, p, {gpu, gpu});
+      grp.measured.set_host(o.name, p, {host, host});
+    }
+  for (P p : {P::fp16, P::fp32}) grp.measured.set_tail(p, {0.1, 0.5});
+  return simulator(m, {"one", {grp}, {"l", 1, 0}});
+}
+
+device_profile with_switch_costs(device_profile d, double fwd, double bwd, double wrap) {
+  d.switches = {fwd, bwd, wrap};
+  return d;
+}
+
+double iteration(const simulator& sim, const std::vector<P>& p) {
+  plan pl;
+  pl.precisions = {sim.resolve(0, p)};
+  pl.bucket_bits.assign(sim.buckets().size(), 32);
+  return sim.evaluate(pl).iteration_ms();
+}
+
+}  // namespace
+
+TEST_CASE("switch: defaults price an edge cast's host time as one launch, hooks at nothing") {
+  const device_profile h = h200();
+  REQUIRE(h.cast_host_ms(false) == h.launch_ms);
+  REQUIRE(h.cast_host_ms(true) == h.launch_ms);
+  REQUIRE(h.switches.wrap_ms == 0.0);
+  const device_profile m = with_switch_costs(h, 0.03, 0.02, 0.05);
+  REQUIRE(m.cast_host_ms(false) == 0.03);
+  REQUIRE(m.cast_host_ms(true) == 0.02);
+}
+
+TEST_CASE("switch: a host-bound mixed plan grows by exactly its casts' and hooks' host time") {
+  device_profile d = round_device();
+  d.casts.float_to_float = {0.0, 1e-3};
+  const double fwd = 0.03, bwd = 0.02, wrap = 0.05;
+  const auto ops = linear_chain(5);
+  const simulator base = measured_chain(ops, d, 1.0, 0.01);
+  const simulator priced = measured_chain(ops, with_switch_costs(d, fwd, bwd, wrap), 1.0, 0.01);
+  // Uniform plans wrap nothing and cast nothing: unchanged.
+  for (P u : {P::fp16, P::fp32}) {
+    const std::vector<P> all(5, u);
+    REQUIRE(iteration(priced, all) == iteration(base, all));
+  }
+  // op2 at fp16 in an fp32 step: the applier wraps op2 (off the ambient) and op3 (fed by
+  // it); forward it casts op2's input and op2's output to the ambient (op3 reads it),
+  // backward both gradients back.
+  const std::vector<P> mixed = {P::fp32, P::fp32, P::fp16, P::fp32, P::fp32};
+  REQUIRE(priced.wrapped_ops(mixed, P::fp32) == std::vector<bool>{false, false, true, true, false});
+  REQUIRE(iteration(priced, mixed) - iteration(base, mixed) ==
+          Approx(2 * wrap + 2 * fwd + 2 * bwd).epsilon(1e-12));
+  std::vector<double> cast_host;
+  for (const kernel& k : priced.trace(0, mixed).kernels)
+    if (k.kind == kernel_kind::cast) cast_host.push_back(k.cpu_ms);
+  REQUIRE(cast_host == std::vector<double>{fwd, fwd, bwd, bwd});
+  // The same plan without the applier (QSync's per-edge casts) wraps nothing: the casts'
+  // host time alone.
+  const simulator edge = measured_chain(ops, d, 1.0, 0.01, cast_rule::per_edge);
+  const simulator edge_priced =
+      measured_chain(ops, with_switch_costs(d, fwd, bwd, wrap), 1.0, 0.01, cast_rule::per_edge);
+  REQUIRE(iteration(edge_priced, mixed) - iteration(edge, mixed) ==
+          Approx(2 * fwd + 2 * bwd).epsilon(1e-12));
+}
+
+TEST_CASE("switch: a GPU-bound mixed plan grows by its casts' GPU time from the device's fit") {
+  device_profile d = round_device();
+  d.casts.float_to_float = {1e-6, 2e-3};  // 1000 elements: 0.003 ms a cast
+  const auto ops = linear_chain(5);
+  const simulator sim = measured_chain(ops, with_switch_costs(d, 0.03, 0.02, 0.05), 0.0, 1.0);
+  const std::vector<P> mixed = {P::fp32, P::fp32, P::fp16, P::fp32, P::fp32};
+  const std::vector<P> fp32(5, P::fp32);
+  // Four casts of op outputs (1000 elements), two forward and two backward; the host
+  // time of the switch hides under the GPU's.
+  REQUIRE(iteration(sim, mixed) - iteration(sim, fp32) == Approx(4 * 0.003).epsilon(1e-12));
+}
+
+TEST_CASE("switch: a layer norm at fp32 among 16-bit ops costs its hooks, not casts") {
+  device_profile d = round_device();
+  d.casts.float_to_float = {0.0, 1e-3};
+  auto ops = linear_chain(3);
+  ops[1].kind = op_kind::layer_norm;
+  const double fwd = 0.03, bwd = 0.02, wrap = 0.05;
+  const simulator base = measured_chain(ops, d, 1.0, 0.01);
+  const simulator priced = measured_chain(ops, with_switch_costs(d, fwd, bwd, wrap), 1.0, 0.01);
+  // Ambient fp16: the norm is wrapped (off the ambient), op2 too (fed by fp32); autocast
+  // runs the norm at fp32 anyway, so its casts are in its neighbours' profiles.
+  const std::vector<P> mixed = {P::fp16, P::fp32, P::fp16};
+  REQUIRE(priced.wrapped_ops(mixed, P::fp16) == std::vector<bool>{false, true, true});
+  REQUIRE(iteration(priced, mixed) - iteration(base, mixed) == Approx(2 * wrap).epsilon(1e-12));
+}
+
+TEST_CASE("switch: cast fits and switch host times from device JSON") {
+  const auto j = nlohmann::json::parse(R"({"base": "H200",
+      "cast_fits": {"float_to_float": {"a_ms": 1.5e-9, "b_ms": 0.0025}},
+      "cast_host_ms": 0.031, "cast_backward_host_ms": 0.012, "wrap_host_ms": 0.044})");
+  const device_profile d = device_from_json(j);
+  REQUIRE(d.casts.float_to_float.a_ms == 1.5e-9);
+  REQUIRE(d.casts.float_to_float.b_ms == 0.0025);
+  REQUIRE(d.casts.quantize.a_ms == h200().casts.quantize.a_ms);  // not given: kept
+  REQUIRE(d.cast_host_ms(false) == 0.031);
+  REQUIRE(d.cast_host_ms(true) == 0.012);
+  REQUIRE(d.switches.wrap_ms == 0.044);
+  // switch_probe.py's "device" object applies to a built-in device as it is.
+  device_profile h = h200();
+  apply_device_fields(h, j);
+  REQUIRE(h.switches.wrap_ms == 0.044);
+  REQUIRE(h.name == "H200");
+  REQUIRE_THROWS_WITH(device_from_json(nlohmann::json::parse(
+                          R"({"base": "H200", "cast_fits": {"fp8": {"a_ms": 1}}})")),
+                      Catch::Contains("unknown fit 'fp8'"));
+}
