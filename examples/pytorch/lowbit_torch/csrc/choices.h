@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <string>
 
-#include "collectives.h"
 #include "common.h"
 #include "instances.h"  // generated from lowbit_torch/_build.py's table
 
