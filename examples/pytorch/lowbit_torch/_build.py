@@ -9,9 +9,8 @@ the same sources with ``torch.utils.cpp_extension.load``, cached by torch under
 simulations and codec tests that need no communicator. ``LOWBIT_TORCH_BACKENDS=node`` (a
 comma list of BACKENDS' names) compiles the collectives of those backends only, under a
 module name of its own (``build_name``): real ranks on one GPU need the node backend
-alone, a third of the whole build's instances (each all-reduce instance is about 110
-CPU-seconds of nvcc: 23 s cudafe++, 44 s cicc, 7 s ptxas, 35 s host compile, measured on
-this project's 2-core build machine on 2026-12-03).
+alone, a third of the whole build's instances (examples/pytorch/README.md's "Build times"
+gives each kind of source's CPU-seconds).
 
 This file imports nothing but the standard library at the top (torch only inside the
 functions that build), so setup.py and the build tests load it by path."""
@@ -341,13 +340,15 @@ def generate(directory, codec_only=False):
 
 
 def sources(generated_dir, codec_only=False):
-    """The extension's sources: those generate() writes into `generated_dir` and the
-    bindings in csrc/ (with codec_only, those of the codec functions)."""
+    """The extension's sources: the bindings in csrc/ (with codec_only, those of the codec
+    functions), then those generate() writes into `generated_dir`. The bindings come first:
+    each includes torch's headers, so they are among the longest to compile, and a parallel
+    build that starts them first ends sooner."""
     if codec_only:
         written = [os.path.join(CSRC, f) for f in ("codec_bindings.cpp", "bindings.cpp")]
     else:
         written = sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith(".cpp"))
-    return generate(generated_dir, codec_only) + written
+    return written + generate(generated_dir, codec_only)
 
 
 # ------------------------------------------------------------------ compiler and flags
