@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bindings.h"
 #include "choices.h"
 
 namespace lowbit_torch {

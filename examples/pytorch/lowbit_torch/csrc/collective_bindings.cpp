@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "bindings.h"
 #include "choices.h"
 #include "collectives.h"
 

@@ -6,8 +6,6 @@
 // which). Every call returns at once.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
