@@ -3,7 +3,7 @@
 // collectives and the "lowbit" torch.distributed backend.
 #include <torch/extension.h>
 
-#include "choices.h"
+#include "bindings.h"
 #include "lowbit/core/error.hpp"
 #ifndef LOWBIT_TORCH_CODEC_ONLY
 #include "process_group.h"

@@ -2,12 +2,9 @@
 // checked with a ValueError naming the argument and what is allowed.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <cstdint>
 #include <string>
 
-#include "collectives.h"
 #include "common.h"
 #include "instances.h"  // generated from lowbit_torch/_build.py's table
 
@@ -82,12 +79,5 @@ inline collective_config make_config(bool average, std::uint64_t seed, std::int6
 inline void check_max_count(std::int64_t max_count) {
   TORCH_CHECK_VALUE(max_count > 0, "lowbit_torch: max_count must be > 0, got ", max_count);
 }
-
-/// The bindings of each part of the module (bindings.cpp calls them).
-void bind_codec(pybind11::module_& m);
-void bind_collectives(pybind11::module_& m);
-/// The lowbit torch.distributed backend's lowbit path (process_group_collectives.cpp); the
-/// backend itself is process_group.h's bind_process_group.
-void bind_lowbit_collectives(pybind11::module_& m);
 
 }  // namespace lowbit_torch

@@ -1,5 +1,5 @@
-// The collectives' bindings: the communicator, AllReduce and ShardCollective, and the
-// run-time dispatch from Python's choices onto the compiled handles (instances.h).
+// The collectives' bindings: the communicator, AllReduce and ShardCollective (the handles
+// and their dispatch onto the compiled cores are collectives.cpp's).
 #include <torch/extension.h>
 
 #include <cstddef>
@@ -8,77 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "bindings.h"
 #include "choices.h"
 #include "collectives.h"
-#include "lowbit/codec/absmax.hpp"
 
 namespace lowbit_torch {
-
-lowbit::collective_options collective_config::options() const {
-  lowbit::collective_options o;
-  o.op = average ? lowbit::reduce_op::avg : lowbit::reduce_op::sum;
-  o.seed = seed;
-  o.crossover_bytes = static_cast<std::size_t>(crossover);
-  o.algorithm = algorithm == "one_shot"    ? lowbit::all_reduce_algorithm::one_shot
-                : algorithm == "two_phase" ? lowbit::all_reduce_algorithm::two_phase
-                                           : lowbit::all_reduce_algorithm::automatic;
-  return o;
-}
-
-std::unique_ptr<all_reduce_handle> make_all_reduce(const communicator& comm, at::ScalarType dtype,
-                                                   std::int64_t max_count,
-                                                   const codec_choice& codec,
-                                                   feedback_kind feedback,
-                                                   const collective_config& config) {
-  check_max_count(max_count);
-  std::unique_ptr<all_reduce_handle> h;
-  with_collective<all_reduce_instances>(
-      "lowbit_torch all_reduce", comm.backend(), dtype, feedback, [&](auto b, auto t, auto f) {
-        h = make_all_reduce_as<typename decltype(b)::type, typename decltype(t)::type,
-                               typename decltype(f)::type>(comm, max_count, codec, config);
-      });
-  return h;
-}
-
-namespace {
-
-/// What to do about a dtype the FSDP collectives are not compiled for.
-constexpr const char* fsdp_dtype_hint =
-    " (set MixedPrecisionPolicy(reduce_dtype=torch.float32 or torch.bfloat16))";
-
-}  // namespace
-
-std::unique_ptr<shard_collective_handle> make_reduce_scatter(
-    const communicator& comm, at::ScalarType dtype, std::int64_t max_count,
-    const codec_choice& codec, feedback_kind feedback, const collective_config& config) {
-  check_max_count(max_count);
-  std::unique_ptr<shard_collective_handle> h;
-  with_collective<reduce_scatter_instances>(
-      "lowbit_torch reduce_scatter", comm.backend(), dtype, feedback,
-      [&](auto b, auto t, auto f) {
-        h = make_reduce_scatter_as<typename decltype(b)::type, typename decltype(t)::type,
-                                   typename decltype(f)::type>(comm, max_count, codec, config);
-      },
-      fsdp_dtype_hint);
-  return h;
-}
-
-std::unique_ptr<shard_collective_handle> make_all_gather(const communicator& comm,
-                                                         at::ScalarType dtype,
-                                                         std::int64_t max_count,
-                                                         const codec_choice& codec,
-                                                         const collective_config& config) {
-  check_max_count(max_count);
-  std::unique_ptr<shard_collective_handle> h;
-  with_collective<all_gather_instances>(
-      "lowbit_torch all_gather", comm.backend(), dtype,
-      [&](auto b, auto t) {
-        h = make_all_gather_as<typename decltype(b)::type, typename decltype(t)::type>(
-            comm, max_count, codec, config);
-      },
-      fsdp_dtype_hint);
-  return h;
-}
 
 namespace {
 
@@ -114,7 +48,14 @@ struct python_allgather {
 void bind_collectives(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<communicator>(m, "Communicator")
-      .def(py::init<std::int64_t>(), py::arg("nccl_comm_ptr"))
+      .def(py::init([](std::int64_t handle) {
+             TORCH_CHECK_VALUE(handle != 0,
+                               "lowbit_torch: the process group has no NCCL communicator yet "
+                               "(create it eagerly with init_process_group(..., device_id=...) "
+                               "or run one collective first)");
+             return communicator(handle);
+           }),
+           py::arg("nccl_comm_ptr"))
       // The node backend's communicator: `allgather(mine: bytes) -> bytes` is the group's
       // all-gather (every rank's bytes, concatenated in rank order), which the Python
       // side runs over the process group's Store; it is called during this construction

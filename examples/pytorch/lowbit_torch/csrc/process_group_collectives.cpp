@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings.h"
 #include "choices.h"
 #include "collectives.h"
 #include "process_group.h"

@@ -5,9 +5,9 @@ setup.py loads it):
   Python process runs crashes on its first formatted error message, so the build must
   pick a compiler whose libstdc++ is the loaded one;
 - the C++ standard torch's headers demand;
-- the sources generated from the table: one per compiled instance, and a run-time
-  dispatch (instances.h) onto exactly those instances, with every choice the Python side
-  offers among them."""
+- the sources generated from the table: one per compiled instance (one per grid for
+  SPLIT_BY_GRID's operations), torch-free, and a run-time dispatch (instances.h) onto
+  exactly those instances, with every choice the Python side offers among them."""
 
 import importlib.util
 import inspect
@@ -139,25 +139,26 @@ class GeneratedSourcesTest(_WholeTable):
             self.header = f.read()
 
     def instantiated(self):
-        """(op, C++ type, feedback policy or None, backend tag or None) of each generated
-        .cu's instantiation."""
+        """(op, C++ type, feedback policy or None, backend tag or None, grid tag or None) of
+        each explicit instantiation in the generated .cu sources."""
         found = []
         for path in self.sources:
             if not path.endswith(".cu"):
                 continue
             with open(path) as f:
                 text = f.read()
-            m = re.search(r"make_(all_reduce|reduce_scatter)_as<([\w:]+), (\w+), (.+)>\(", text)
-            if m:
-                found.append((m.group(1), m.group(3), m.group(4), m.group(2)))
-                continue
-            m = re.search(r"make_(all_gather)_as<([\w:]+), (\w+)>\(", text)
-            if m:
-                found.append((m.group(1), m.group(3), None, m.group(2)))
-                continue
-            m = re.search(r"LOWBIT_TORCH_INSTANTIATE_(CODEC)\((\w+)\)", text)
-            self.assertIsNotNone(m, path)
-            found.append(("codec", m.group(2), None, None))
+            got = []
+            for m in re.finditer(r"make_(all_reduce)_core<([\w:]+), (\w+), (.+), "
+                                 r"(lowbit::quant::grid::\w+)>\(", text):
+                got.append((m.group(1), m.group(3), m.group(4), m.group(2), m.group(5)))
+            for m in re.finditer(r"make_(reduce_scatter)_core<([\w:]+), (\w+), (.+)>\(", text):
+                got.append((m.group(1), m.group(3), m.group(4), m.group(2), None))
+            for m in re.finditer(r"make_(all_gather)_core<([\w:]+), (\w+)>\(", text):
+                got.append((m.group(1), m.group(3), None, m.group(2), None))
+            for m in re.finditer(r"template struct codec_core<(\w+)>;", text):
+                got.append(("codec", m.group(1), None, None, None))
+            self.assertTrue(got, path)
+            found += got
         return found
 
     def dispatched(self):
@@ -174,9 +175,11 @@ class GeneratedSourcesTest(_WholeTable):
         return found
 
     def expected(self):
+        """The table's instances, each at every grid where its factory takes one."""
+        grids = {"all_reduce": list(_build.GRIDS.values())}
         return [(op, _build.DTYPES[t], _build.FEEDBACK[f][0] if f else None,
-                 _build.BACKENDS[b][0] if b else None)
-                for op, t, f, b in _build.instances()]
+                 _build.BACKENDS[b][0] if b else None, g)
+                for op, t, f, b in _build.instances() for g in grids.get(op, [None])]
 
     def test_one_source_per_instance_of_the_table(self):
         nccl = 3 * 5 + 2 * 2 + 2
@@ -186,8 +189,42 @@ class GeneratedSourcesTest(_WholeTable):
         self.assertEqual(len(cu), len(set(cu)))
         self.assertEqual(sorted(self.instantiated()), sorted(self.expected()))
 
+    def test_an_all_reduce_instance_is_one_source_per_grid(self):
+        """SPLIT_BY_GRID: the heaviest instances compile in halves, in parallel."""
+        self.assertIn("all_reduce", _build.SPLIT_BY_GRID)
+        all_reduce = [p for p in self.sources if os.path.basename(p).startswith("all_reduce_")]
+        self.assertEqual(len(all_reduce), 2 * (3 * 5 + 2 * 3))
+        self.assertTrue(os.path.exists(os.path.join(self.dir.name,
+                                                    "all_reduce_nccl_float32_none_zero.cu")))
+        cu = [p for p in self.sources if p.endswith(".cu")]
+        self.assertEqual(len(cu), len(_build.instances()) + 3 * 5 + 2 * 3)
+
+    def test_the_generated_sources_include_no_torch(self):
+        """Every header a generated .cu includes from csrc/ (transitively) is torch-free:
+        torch's headers would cost each instance most of its compile time."""
+        torch_like = re.compile(r"#include\s*[<\"](torch|ATen|c10|pybind11|Python)[/.]")
+        local = re.compile(r'#include\s*"([\w.]+)"')
+        for path in self.sources:
+            if not path.endswith(".cu"):
+                continue
+            seen, todo = set(), [path]
+            while todo:
+                p = todo.pop()
+                if p in seen:
+                    continue
+                seen.add(p)
+                with open(p) as f:
+                    text = f.read()
+                self.assertIsNone(torch_like.search(text), f"{p}, included by {path}")
+                for name in local.findall(text):
+                    for d in (_build.CSRC, self.dir.name):
+                        if os.path.exists(os.path.join(d, name)):
+                            todo.append(os.path.join(d, name))
+            self.assertIn(os.path.join(_build.CSRC, "core.h"), seen, path)
+
     def test_the_dispatch_reaches_exactly_the_instances_compiled(self):
-        self.assertEqual(sorted(self.dispatched()), sorted(self.instantiated()))
+        self.assertEqual(sorted(self.dispatched()),
+                         sorted({i[:4] for i in self.instantiated()}))
 
     def test_the_feedback_names_are_the_tables(self):
         accepted = re.findall(r'name == "(\w+)"', self.header)
@@ -202,12 +239,15 @@ class GeneratedSourcesTest(_WholeTable):
                 self.assertTrue(set(_build.feedback_rules(op, b)) <= set(_build.feedback_rules(op)))
                 self.assertTrue(set(_build.dtypes(op, b)) <= set(_build.dtypes(op)))
 
-    def test_the_backends_are_common_hs(self):
-        """common.h's backend_kind names the table's BACKENDS, in order (the generated
-        dispatch compares against its values)."""
-        with open(os.path.join(_build.CSRC, "common.h")) as f:
-            enum = re.search(r"enum class backend_kind \{ (.*) \};", f.read()).group(1)
+    def test_the_backends_and_dtypes_are_core_hs(self):
+        """core.h's backend_kind names the table's BACKENDS, and its dtype_kind the table's
+        DTYPES, in order (the generated dispatch compares against their values)."""
+        with open(os.path.join(_build.CSRC, "core.h")) as f:
+            text = f.read()
+        enum = re.search(r"enum class backend_kind \{ (.*) \};", text).group(1)
         self.assertEqual(enum.split(", "), list(_build.BACKENDS))
+        enum = re.search(r"enum class dtype_kind \{ (.*) \};", text).group(1)
+        self.assertEqual(enum.split(", "), list(_build.DTYPES))
         for op in ("all_reduce", "reduce_scatter", "all_gather"):
             self.assertEqual(_build.backends(op), ("nccl", "node"), op)
         self.assertEqual(_build.backends("codec"), ())
@@ -229,15 +269,16 @@ class GeneratedSourcesTest(_WholeTable):
     def test_the_codec_only_build_is_the_codec_and_its_bindings(self):
         with tempfile.TemporaryDirectory() as d:
             got = [os.path.basename(p) for p in _build.sources(d, codec_only=True)]
-        self.assertEqual(got, ["codec_float32.cu", "codec_float16.cu", "codec_bfloat16.cu",
-                               "codec_bindings.cpp", "bindings.cpp"])
+        self.assertEqual(got, ["codec_bindings.cpp", "bindings.cpp", "codec_float32.cu",
+                               "codec_float16.cu", "codec_bfloat16.cu"])
 
     def test_unchanged_sources_are_not_rewritten(self):
-        before = {p: os.stat(p).st_mtime_ns for p in self.sources}
-        os.utime(self.sources[0], ns=(1, 1))  # an old file whose content is still right
+        generated = [p for p in self.sources if p.startswith(self.dir.name)]
+        before = {p: os.stat(p).st_mtime_ns for p in generated}
+        os.utime(generated[0], ns=(1, 1))  # an old file whose content is still right
         self.assertEqual(_build.sources(self.dir.name), self.sources)
-        self.assertEqual(os.stat(self.sources[0]).st_mtime_ns, 1)
-        for p in self.sources[1:]:
+        self.assertEqual(os.stat(generated[0]).st_mtime_ns, 1)
+        for p in generated[1:]:
             self.assertEqual(os.stat(p).st_mtime_ns, before[p], p)
 
     @unittest.skipUnless(_have_torch(), "torch is not installed")
