@@ -124,11 +124,11 @@ class MarkovTask:
         torch = self.torch
         g = torch.Generator().manual_seed(seed)
         s = torch.randint(0, self.states, (n_seq,), generator=g)
-        u = torch.rand(n_seq, self.seq, 1, generator=g)
+        u = torch.rand(self.seq, n_seq, 1, generator=g)
         out = torch.empty(n_seq, self.seq, dtype=torch.long)
         for t in range(self.seq):
             out[:, t] = s
-            j = torch.searchsorted(self.cdf[s], u[:, t]).squeeze(1).clamp_max(self.k - 1)
+            j = torch.searchsorted(self.cdf[s], u[t]).squeeze(1).clamp_max(self.k - 1)
             s = self.succ[s, j]
         return self.tokens[out]
 
@@ -792,6 +792,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    global T0
+    T0 = time.time()  # --budget-s counts from here
     args = parse_args(argv)
     try:
         import torch
