@@ -90,6 +90,15 @@ class Tables(unittest.TestCase):
                       "1.20x (bf16 0.900 ms) |", text)
         self.assertIn("from `quality.csv` (2000-01-01, commit fixture, made-up figures", text)
 
+    def test_qsync_docs_counts_the_tables_as_citing_their_csvs(self):
+        loader = importlib.machinery.SourceFileLoader(
+            "qsync_docs_test", os.path.join(REPO, "scripts", "qsync-docs"))
+        spec = importlib.util.spec_from_loader("qsync_docs_test", loader)
+        docs = importlib.util.module_from_spec(spec)
+        loader.exec_module(docs)
+        text = "<!-- fp8-table: q.csv -->\nx\n<!-- fp8-gemm-table: g.csv -->\n"
+        self.assertEqual(docs.FP8_MARKER.findall(text), ["q.csv", "g.csv"])
+
     def test_a_missing_column_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
             bad = os.path.join(d, "bad.csv")
