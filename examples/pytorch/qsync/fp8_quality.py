@@ -133,8 +133,14 @@ class MarkovTask:
         return self.tokens[out]
 
     def batches(self, batch, steps, seed, device):
-        """step -> the step's input ids ([batch, seq], on `device`), all made up front."""
-        ids = self.stream(batch * steps, seed).view(steps, batch, self.seq).to(device)
+        """step -> the step's input ids ([batch, seq], on `device`), all made up front
+        (kept for the next call with the same arguments: every plan of a seed)."""
+        key = (batch, steps, seed, str(device))
+        if getattr(self, "_last", (None,))[0] != key:
+            self._last = (None,)  # the previous seed's stream freed first
+            self._last = (key, self.stream(batch * steps, seed).view(steps, batch,
+                                                                     self.seq).to(device))
+        ids = self._last[1]
         return lambda t: ids[t]
 
 
@@ -425,7 +431,9 @@ def train_run(torch, args, model, init, task_batches, loss_fn, plan, model_json,
     batches = task_batches()
     with applied_plan(model, plan, model_json, device_type=device) as ap:
         fp8_ops = len(ap.fp8_ops)
-        with v.quiet():
+        gc.collect()
+        gc.freeze()  # what exists now stays out of the collector's passes; it stays on
+        try:
             for t in range(args.steps):
                 batch = batches(t)
                 for group in opt.param_groups:
@@ -447,6 +455,8 @@ def train_run(torch, args, model, init, task_batches, loss_fn, plan, model_json,
                     b = time.perf_counter()
                 losses[t] = loss.detach().float()
                 marks.append((a, b))
+        finally:
+            gc.unfreeze()
     if cuda:
         torch.cuda.synchronize()
         ms = [a.elapsed_time(b) for a, b in marks]
@@ -511,6 +521,7 @@ def allocator_plans(args, case, src, model, model_json):
             v.lowbit_plan(args.lowbit_plan, base + ["--target-speedup", "%g" % target,
                                                     "--out", path, "--comm-bits", "32"])
             plans[pn] = qm.read_json(path)
+            qm.write_json(os.path.join(pdir, "%s_%s.json" % (case, pn)), plans[pn])  # --from's
             log("%s: %s: %.2f ms predicted (target %.2f ms)" % (
                 case, pn, plans[pn].get("predicted_iteration_ms", 0.0),
                 plans[pn].get("target_ms", 0.0)))

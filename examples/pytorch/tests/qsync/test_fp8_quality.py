@@ -324,6 +324,25 @@ class Smoke(unittest.TestCase):
         self.assertIsNone(allowed["head"])
         self.assertNotIn("fp16", set(plan["groups"][0]["ops"].values()))
 
+    @unittest.skipUnless(os.environ.get("LOWBIT_PLAN"), "set LOWBIT_PLAN to a lowbit-plan binary")
+    def test_from_an_earlier_runs_profiles_or_plans(self):
+        binary = os.environ["LOWBIT_PLAN"]
+        with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as d, \
+                tempfile.TemporaryDirectory() as e:
+            self.smoke(first, "--seeds", "1", "--steps", "2", "--last-k", "1", "--lowbit-plan",
+                       binary)
+            replanned, _ = self.smoke(d, "--seeds", "1", "--from", first, "--lowbit-plan", binary)
+            taken, _ = self.smoke(e, "--seeds", "1", "--from", first)
+            self.assertNotIn("traces", os.listdir(d))  # nothing profiled again
+            fq.main(["--smoke", "--models", "tiny-lm", "--steps", "2", "--seeds", "1",
+                     "--out", e, "--from", first, "--batch", "tiny-lm=2"])
+            missing = read(os.path.join(e, "quality.csv"))
+        for rows in (replanned, taken):
+            self.assertEqual([(r["plan"], r["status"]) for r in rows],
+                             [("bf16", "ok"), ("fp8", "ok"), ("alloc-fp8-80pct", "ok")])
+        self.assertTrue(all(r["status"].startswith("failed (profile): RuntimeError: --from")
+                            for r in missing), missing)  # no tiny-lm-b2 there
+
 
 if __name__ == "__main__":
     unittest.main()
