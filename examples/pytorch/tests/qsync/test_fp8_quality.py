@@ -289,6 +289,22 @@ class Smoke(unittest.TestCase):
         fresh = fq.build_model(torch, "tiny-lm", True, 0, "cpu").state_dict()
         self.assertTrue(all(torch.equal(fresh[k], init[k]) for k in init))
 
+    def test_the_measured_models_at_their_tiny_size(self):
+        try:
+            import torchvision  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as e:
+            self.skipTest("needs transformers and torchvision (%s)" % e)
+        with tempfile.TemporaryDirectory() as d:
+            rows, _ = self.smoke(d, "--models", "hf-llama,tv-vit-b16", "--seeds", "1")
+        self.assertEqual([(r["model"], r["plan"], r["status"]) for r in rows],
+                         [(m, p, "ok") for m in ("hf-llama", "tv-vit-b16")
+                          for p in ("bf16", "fp8")])
+        if fq.fp8_runs(torch, "cpu"):
+            # Llama: 2 layers x 7 linears + the head; the ViT: its MLPs' linears only
+            # (nn.MultiheadAttention's projections are function calls, not fp8's)
+            self.assertEqual([r["fp8_ops"] for r in rows if r["plan"] == "fp8"], ["15", "4"])
+
     def test_standins_are_labelled(self):
         with tempfile.TemporaryDirectory() as d:
             rows, _ = self.smoke(d, "--fp8-standin", "--seeds", "1")
