@@ -8,6 +8,8 @@ the module (lowbit-plan, the C++ planner, is in tools/).
 - ``apply_plan``: a plan's precisions applied to a module as per-module autocast.
 - ``validate``: the pipeline end to end on one GPU, predicted against measured
   (``lowbit-qsync-validate``).
+- ``fp8_quality``: the allocator's fp8 plan trained against bf16 and uniform fp8 (loss
+  gap, step time, GEMM speed-ups; ``lowbit-qsync-fp8-quality``).
 - ``zoo``: 15 models from torchvision, timm and transformers, built without weights,
   with their training steps at two batch sizes (and a tiny size for CPU tests).
 - ``host_drift``, ``memory_probe``: measurements behind validate's choices

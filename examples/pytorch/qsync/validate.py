@@ -224,6 +224,8 @@ def make_case(torch, name, spec, device, smoke=False):
     import torch.nn as nn
     import torch.nn.functional as F
 
+    if spec.get("make"):  # a caller's own model (fp8_quality.py): make(device, smoke)
+        return spec["make"](device, smoke)
     if spec.get("zoo"):
         from . import zoo
 
@@ -435,6 +437,10 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
         plans.update(allocator_plans(args, name, out, pdir))
     for pn, pl in plans.items():
         qm.write_json(os.path.join(pdir, "%s_%s.json" % (name, pn)), pl)
+    if spec.get("profile_only"):  # the caller measures (fp8_quality.py): steps 1-3 only
+        del model
+        free_memory(torch)
+        return model_json
 
     # 4. measure every plan un-instrumented, in `rounds` rounds: each round times every
     # precision's uniform step (the host truth lowbit-plan is given, as at profiling)
