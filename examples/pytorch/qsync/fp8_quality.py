@@ -806,15 +806,8 @@ def main(argv=None):
     global T0
     T0 = time.time()  # --budget-s counts from here
     args = parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("fp8_quality.py: torch is not installed", file=sys.stderr)
-        return 2
-    args.device = "cpu" if args.smoke else "cuda"
-    if not args.smoke and not torch.cuda.is_available():
-        print("fp8_quality.py: no CUDA device (--smoke checks the code on the CPU)",
-              file=sys.stderr)
+    torch = v.torch_for(args, "fp8_quality.py")
+    if torch is None:
         return 2
     if not fp8_runs(torch, args.device):
         if not args.smoke:

@@ -839,6 +839,21 @@ def parse_args(argv=None):
     return a
 
 
+def torch_for(args, who, hint=""):
+    """torch, with args.device set ("cpu" under --smoke, else "cuda"); None, having said
+    why on stderr, where torch is missing or no CUDA device is (and --smoke is not set)."""
+    try:
+        import torch
+    except ImportError:
+        print(f"{who}: torch is not installed{hint}", file=sys.stderr)
+        return None
+    args.device = "cpu" if args.smoke else "cuda"
+    if not args.smoke and not torch.cuda.is_available():
+        print(f"{who}: no CUDA device (--smoke checks the code on the CPU)", file=sys.stderr)
+        return None
+    return torch
+
+
 def main(argv=None):
     """Run mode, or --predict; returns the exit status."""
     args = parse_args(argv)
@@ -852,16 +867,8 @@ def main(argv=None):
             json.dumps(probe["device"], sort_keys=True)))
     if args.predict:
         return predict(args)
-    try:
-        import torch
-    except ImportError:
-        print("validate.py: torch is not installed (use --predict to only predict)",
-              file=sys.stderr)
-        return 2
-    args.device = "cpu" if args.smoke else "cuda"
-    if not args.smoke and not torch.cuda.is_available():
-        print("validate.py: no CUDA device (--smoke checks the pipeline on the CPU)",
-              file=sys.stderr)
+    torch = torch_for(args, "validate.py", " (use --predict to only predict)")
+    if torch is None:
         return 2
     torch.backends.cudnn.benchmark = False
     for d in ("traces", "plans"):
