@@ -289,29 +289,6 @@ def standin(plan: dict) -> dict:
     return out
 
 
-def fp8_menu_model(model, model_json: dict) -> dict:
-    """A copy of `model_json` whose ops with parameters that cannot run at fp8 (not a
-    linear layer, a function call, dimensions not multiples of 16: fp8.check_op) are
-    allowed bf16 and fp32 only, so that the allocator's plan is one the applier runs."""
-    from . import fp8
-
-    modules = dict(model.named_modules())
-    out = copy.deepcopy(model_json)
-    for o in out["ops"]:
-        if o.get("param_numel", 0) <= 0 and not o.get("weights_from"):
-            continue
-        mod = modules.get(qm.module_of(o["name"]))
-        ok = o.get("call") != "function" and mod is not None
-        if ok:
-            try:
-                fp8.check_op(o["name"], mod)
-            except fp8.Fp8Unsupported:
-                ok = False
-        if not ok:
-            o["allowed"] = ["bf16", "fp32"]
-    return out
-
-
 # ----------------------------------------------------------------- the GEMM shapes
 
 def linear_shapes(torch, model, loss_fn, batch):
@@ -506,7 +483,7 @@ def allocator_plans(args, case, src, model, model_json):
     pdir = os.path.join(args.out, "plans")
     os.makedirs(pdir, exist_ok=True)
     mpath = qm.write_json(os.path.join(args.out, "%s.fp8menu.model.json" % case),
-                          fp8_menu_model(model, model_json))
+                          v.fp8_menu_model(model, model_json, ("bf16", "fp32")))
     cluster = qm.write_json(os.path.join(args.out, "fp8menu.cluster.json"),
                             qm.cluster_json("H200", ("fp8", "bf16", "fp32")))
     plans = {}

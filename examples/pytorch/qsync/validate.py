@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import csv
 import gc
 import json
@@ -421,6 +422,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
         ws = qm.measured_part(records[o["name"]], "workspace_bytes")
         if ws:
             o["workspace_bytes"] = ws
+    if "fp8" in precisions:  # the allocator may put at fp8 only what applied_plan runs
+        model_json = fp8_menu_model(model, model_json)
     mpath = os.path.join(out, "%s.model.json" % name)
     qm.write_json(mpath, model_json)
 
@@ -499,6 +502,30 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     write_measured(out, measured_rows)
     del model
     free_memory(torch)
+
+
+def fp8_menu_model(model, model_json: dict, others=("fp16", "bf16", "fp32")) -> dict:
+    """A copy of `model_json` whose ops with parameters that cannot run at fp8 (not a
+    linear layer, a function call, dimensions not multiples of 16: fp8.check_op) are
+    allowed `others` only (the device's menu without fp8), so that an allocator's plan
+    never puts at fp8 an op that applied_plan refuses."""
+    from . import fp8
+
+    modules = dict(model.named_modules())
+    out = copy.deepcopy(model_json)
+    for o in out["ops"]:
+        if o.get("param_numel", 0) <= 0 and not o.get("weights_from"):
+            continue
+        mod = modules.get(qm.module_of(o["name"]))
+        ok = o.get("call") != "function" and mod is not None
+        if ok:
+            try:
+                fp8.check_op(o["name"], mod)
+            except fp8.Fp8Unsupported:
+                ok = False
+        if not ok:
+            o["allowed"] = list(others)
+    return out
 
 
 def write_measured(out, rows):

@@ -228,9 +228,13 @@ class Tasks(unittest.TestCase):
         x = torch.randn(16, 32)
         mj = qm.model_json(ex.record_ops(net, lambda: net(x).sum(), "fp32",
                                          device_type="cpu"), "net")
-        allowed = {o["name"]: o.get("allowed") for o in fq.fp8_menu_model(net, mj)["ops"]}
+        menu = fq.v.fp8_menu_model(net, mj, ("bf16", "fp32"))
+        allowed = {o["name"]: o.get("allowed") for o in menu["ops"]}
         self.assertEqual(allowed, {"a": None, "norm": ["bf16", "fp32"], "b": ["bf16", "fp32"]})
         self.assertNotIn("allowed", mj["ops"][1])  # a copy
+        # validate.py --fp8's menu: every precision but fp8 for what fp8 cannot run
+        self.assertEqual(fq.v.fp8_menu_model(net, mj)["ops"][2]["allowed"],
+                         ["fp16", "bf16", "fp32"])
 
     def test_standin_makes_every_fp8_bf16(self):
         plan = {"default": "fp8", "ops": {"a": "fp8", "b": "fp32"}}
