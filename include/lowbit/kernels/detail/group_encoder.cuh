@@ -77,9 +77,15 @@ template <class Quantizer, class Layout>
 __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[32], int valid,
                                                                int lane) {
   if constexpr (quant::is_symmetric_v<Quantizer>) {
-    float amax = 0.0f;  // the values past `valid` are 0 and leave it alone
+    // Four running maxima, not one: a chain of 32 dependent maxima is 32 latencies long, and
+    // at the few warps per scheduler these kernels run nothing else hides them. The
+    // NaN-propagating max of non-negative values is associative and commutative, bit for bit
+    // (every NaN result is the canonical NaN), so the order is free.
+    // (The values past `valid` are 0 and leave the maximum alone.)
+    float m[4] = {fabsf(c[0]), fabsf(c[1]), fabsf(c[2]), fabsf(c[3])};
     LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i) amax = max_nan(amax, fabsf(c[i]));
+    for (int i = 4; i < 32; ++i) m[i % 4] = max_nan(m[i % 4], fabsf(c[i]));
+    float amax = max_nan(max_nan(m[0], m[1]), max_nan(m[2], m[3]));
     LOWBIT_UNROLL
     for (int d = 1; d < Layout::lanes_per_block; d <<= 1)
       amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, d));
