@@ -94,11 +94,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
             cur.load(frames + static_cast<std::size_t>(p) * frame_stride, w.codes_offset, t.group);
           }
         }
-        std::uint32_t codes[32];
-        Codec::unpack(cur.words, codes);
-        LOWBIT_UNROLL
-        for (int i = 0; i < 32; ++i)
-          c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], cur.meta));
+        cur.accumulate(c);
       }
       if (t.valid < 32) {
         LOWBIT_UNROLL
