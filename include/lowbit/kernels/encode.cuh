@@ -117,8 +117,8 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// encode of 2^29 values took 2114 us. Two CTAs per SM cap it at 128 registers (a
   /// 60-byte spill): 1560 us (fp32 residual, 2^28 values: 962 -> 798 us). Three would
   /// cap it at 80 and spill 2.5 KB.
-  /// Stochastic rounding keeps ptxas' choice: 69 registers for 4-bit codes of fp32 and bf16
-  /// once the draws became 8 bits (82 before), 3 CTAs of 8 warps an SM; a cap of 64 (4 CTAs)
+  /// Stochastic rounding keeps ptxas' choice: 68 (bf16) and 72 (fp32) registers for 4-bit
+  /// codes (82 before the draws became 8 bits), 3 CTAs of 8 warps an SM; a cap of 64 (4 CTAs)
   /// spills 24-32 bytes. Which is faster is for the GPU to say (docs/design.md).
   static constexpr int min_blocks = staged_feedback<Feedback>::value ? 2 : 1;
 };
