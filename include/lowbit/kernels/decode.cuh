@@ -49,6 +49,12 @@ struct packed_group {
     load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
     meta = load_meta<typename Codec::meta_type>(frame, group / Codec::groups_per_block);
   }
+  /// load, with the group's byte offsets in a frame (its words', its meta's) precomputed.
+  __device__ __forceinline__ void load_at(const std::byte* frame, std::size_t words_at,
+                                          std::size_t meta_at) {
+    load_words<Codec::bits>(frame + words_at, words);
+    meta = *reinterpret_cast<const typename Codec::meta_type*>(frame + meta_at);
+  }
   /// The group's values in fp32, as the host decodes them (Quantizer::dequantize per code).
   __device__ __forceinline__ void decode(float (&y)[32]) const {
     for_each_value<Codec>(words, meta, [&](int i, float v) { y[i] = v; });
