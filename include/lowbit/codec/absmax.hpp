@@ -96,6 +96,12 @@ struct absmax {
   static constexpr float levels =
       zero_grid ? static_cast<float>(half_levels - 1) : static_cast<float>(half_levels) - 0.5f;
 
+  /// The full grid's level construction (dequantize): the float with bits
+  /// `level_bits | code << 1` is 2^22 + code + 1/2, and subtracting `level_base` leaves
+  /// q + 1/2. Named here so that a kernel fusing the unpacking with it uses the same bits.
+  static constexpr std::uint32_t level_bits = 0x4a800001u;  // 2^22 + 1/2
+  static constexpr float level_base = 4194304.0f + static_cast<float>(half_levels);
+
   /// True when the outermost level of `step`, levels * step, rounds to inf.
   LOWBIT_HD static bool outer_level_overflows(float step) {
     return !(detail::fmul(step, levels) <= FLT_MAX);
@@ -157,8 +163,6 @@ struct absmax {
     if constexpr (zero_grid) {
       return detail::fmul(detail::float_of(static_cast<int>(code) - half_levels), m.step);
     } else {
-      constexpr std::uint32_t level_bits = 0x4a800001u;  // 2^22 + 1/2
-      constexpr float level_base = 4194304.0f + static_cast<float>(half_levels);
       return detail::fmul(detail::fsub(detail::bits_float(level_bits | (code << 1)), level_base),
                           m.step);
     }

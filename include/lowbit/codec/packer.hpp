@@ -14,6 +14,10 @@ namespace lowbit::pack {
 inline constexpr int group_size = 32;
 
 /// Packs 32 codes of `Bits` bits (each < 2^Bits) into `Bits` words.
+///
+/// The codes' bits never overlap, so adding them in is or-ing them in; the sum lets the
+/// device compiler make each code's shift-and-insert one multiply-add (a shift and half a
+/// three-input or before), on the multiply-add pipe rather than the integer one.
 template <int Bits>
 LOWBIT_HD void pack_group(const std::uint32_t (&codes)[group_size], std::uint32_t (&words)[Bits]) {
   static_assert(Bits >= 1 && Bits <= 16, "lowbit::pack: the code width must be 1..16 bits");
@@ -22,8 +26,8 @@ LOWBIT_HD void pack_group(const std::uint32_t (&codes)[group_size], std::uint32_
   LOWBIT_UNROLL
   for (int i = 0; i < group_size; ++i) {
     const int bit = i * Bits, word = bit >> 5, offset = bit & 31;
-    words[word] |= codes[i] << offset;
-    if (offset + Bits > 32) words[word + 1] |= codes[i] >> (32 - offset);
+    words[word] += codes[i] << offset;
+    if (offset + Bits > 32) words[word + 1] += codes[i] >> (32 - offset);
   }
 }
 

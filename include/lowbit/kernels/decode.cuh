@@ -11,6 +11,7 @@
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/core/numeric.hpp"
 #include "lowbit/kernels/detail/frame_io.cuh"
+#include "lowbit/kernels/detail/group_decoder.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 #include "lowbit/kernels/detail/launch.cuh"
 #include "lowbit/kernels/detail/tile_lanes.cuh"
@@ -48,11 +49,20 @@ struct packed_group {
     load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
     meta = load_meta<typename Codec::meta_type>(frame, group / Codec::groups_per_block);
   }
+  /// load, with the group's byte offsets in a frame (its words', its meta's) precomputed.
+  __device__ __forceinline__ void load_at(const std::byte* frame, std::size_t words_at,
+                                          std::size_t meta_at) {
+    load_words<Codec::bits>(frame + words_at, words);
+    meta = *reinterpret_cast<const typename Codec::meta_type*>(frame + meta_at);
+  }
   /// The group's values in fp32, as the host decodes them (Quantizer::dequantize per code).
   __device__ __forceinline__ void decode(float (&y)[32]) const {
-    std::uint32_t codes[32];
-    Codec::unpack(words, codes);
-    Codec::dequantize_group(codes, meta, y);
+    for_each_value<Codec>(words, meta, [&](int i, float v) { y[i] = v; });
+  }
+  /// y[i] += value i, in fp32 (the host's decode_accumulate step).
+  __device__ __forceinline__ void accumulate(float (&y)[32]) const {
+    for_each_value<Codec>(words, meta,
+                          [&](int i, float v) { y[i] = lowbit::detail::fadd(y[i], v); });
   }
 };
 
@@ -116,10 +126,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
           } else {
             cur.load(frame + static_cast<std::size_t>(p) * frame_stride, codes_offset, t.group);
           }
-          float z[32];
-          cur.decode(z);
-          LOWBIT_UNROLL
-          for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(y[i], z[i]);
+          cur.accumulate(y);
         }
       } else {
         cur.decode(y);

@@ -117,10 +117,15 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// encode of 2^29 values took 2114 us. Two CTAs per SM cap it at 128 registers (a
   /// 60-byte spill): 1560 us (fp32 residual, 2^28 values: 962 -> 798 us). Three would
   /// cap it at 80 and spill 2.5 KB.
-  /// Stochastic rounding keeps ptxas' choice: 69 registers for 4-bit codes of fp32 and bf16
-  /// once the draws became 8 bits (82 before), 3 CTAs of 8 warps an SM; a cap of 64 (4 CTAs)
-  /// spills 24-32 bytes. Which is faster is for the GPU to say (docs/design.md).
-  static constexpr int min_blocks = staged_feedback<Feedback>::value ? 2 : 1;
+  /// Stochastic rounding of 2-byte inputs runs 4 CTAs of 8 warps an SM (a cap of 64
+  /// registers): ptxas' own choice, 68, fits 3, and this pass is bound by instructions and
+  /// latency (ncu, bf16 4-bit: DRAM 42% of peak, SM 72%, 35% occupancy), which more warps
+  /// hide. The cap costs a spill of 8 bytes (bf16) or 16 (fp16) on sm_90: a store and a
+  /// load a lane and tile, against the lane's 64 bytes of input. fp32 inputs (72 registers; a cap
+  /// spills 16 bytes) already run near the copy's rate and keep ptxas' choice, 3 CTAs.
+  static constexpr int min_blocks = staged_feedback<Feedback>::value                      ? 2
+                                    : Codec::rounding_type::needs_noise && sizeof(T) == 2 ? 4
+                                                                                          : 1;
 };
 
 template <class Codec, class T, class Feedback>

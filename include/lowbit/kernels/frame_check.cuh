@@ -106,22 +106,30 @@ class header_probe {
   /// recorded, whole, in c.record.
   __device__ __forceinline__ bool agree(const header_check& c) const {
     if (c.count == 0) return true;
-    int first_bad = c.count;
-    for (int i = lane(); i < 8 * c.count; i += 32) {
-      const std::uint32_t w = i < 32 ? word_ : load_word(c, i);
-      const std::uint32_t mask = i % 8 == 6 ? bits_and_poison : ~0u;
-      if ((w & mask) != (expected(c.want, i / 8, i % 8) & mask) && i / 8 < first_bad)
-        first_bad = i / 8;
+    // One vote per 32 words, not a minimum across the warp: the lowest lane whose word
+    // disagrees holds the lowest index, so the first set bit of the first nonzero ballot
+    // names the first disagreeing frame. The loop's trip count is the warp's (uniform).
+    const int n = 8 * c.count;
+    for (int base = 0; base < n; base += 32) {
+      const int i = base + lane();
+      bool bad = false;
+      if (i < n) {
+        const std::uint32_t w = base == 0 ? word_ : load_word(c, i);
+        const std::uint32_t mask = i % 8 == 6 ? bits_and_poison : ~0u;
+        bad = ((w ^ expected(c.want, i / 8, i % 8)) & mask) != 0u;
+      }
+      const unsigned votes = __ballot_sync(0xffffffffu, bad);
+      if (votes != 0u) {
+        const int p = (base + __ffs(static_cast<int>(votes)) - 1) / 8;
+        if (lane() == 0) {
+          const lowbit::detail::frame_header got =
+              load_header(c.first + static_cast<std::size_t>(p) * c.stride);
+          record_mismatch(c.record, p, got, c.want);
+        }
+        return false;
+      }
     }
-    int p = first_bad;  // the warp's minimum (a shuffle tree: __reduce_min_sync is sm_80+)
-    for (int d = 16; d > 0; d /= 2) p = min(p, __shfl_xor_sync(0xffffffffu, p, d));
-    if (p == c.count) return true;
-    if (lane() == 0) {
-      const lowbit::detail::frame_header got =
-          load_header(c.first + static_cast<std::size_t>(p) * c.stride);
-      record_mismatch(c.record, p, got, c.want);
-    }
-    return false;
+    return true;
   }
 
  private:
@@ -139,27 +147,21 @@ class header_probe {
                                                        static_cast<std::size_t>(i / 8) * c.stride) +
                  i % 8);
   }
-  /// Word k of the header frame p of the call `want` must carry.
+  /// Word k of the header frame p of the call `want` must carry. Selects, not a switch: the
+  /// lanes of a warp hold all eight k, and a switch on k ran its eight cases one after the
+  /// other (about 60 instructions a warp, against a few hundred for a decode tile: most of
+  /// the header check's measured cost).
   static __device__ __forceinline__ std::uint32_t expected(const lowbit::detail::frame_header& want,
                                                            int p, int k) {
-    switch (k) {
-      case 0:
-        return lowbit::detail::frame_magic;
-      case 1:
-        return want.config;
-      case 2:
-        return static_cast<std::uint32_t>(want.count);
-      case 3:
-        return static_cast<std::uint32_t>(want.count >> 32);
-      case 4:
-        return want.step;
-      case 5:
-        return want.seq;
-      case 6:
-        return want.bits;  // flags: none
-      default:
-        return static_cast<std::uint32_t>(p);
-    }
+    std::uint32_t e = static_cast<std::uint32_t>(p);
+    e = k == 6 ? static_cast<std::uint32_t>(want.bits) : e;  // flags: none
+    e = k == 5 ? want.seq : e;
+    e = k == 4 ? want.step : e;
+    e = k == 3 ? static_cast<std::uint32_t>(want.count >> 32) : e;
+    e = k == 2 ? static_cast<std::uint32_t>(want.count) : e;
+    e = k == 1 ? want.config : e;
+    e = k == 0 ? lowbit::detail::frame_magic : e;
+    return e;
   }
 
   std::uint32_t word_ = 0;
@@ -174,7 +176,7 @@ static_assert(offsetof(lowbit::detail::frame_header, bits) == 24 &&
 /// through a word of shared memory, which they read where they first write. A grid of tens
 /// of thousands of warps (one or two tiles each at the sizes a collective sends) then loads
 /// and compares the headers once per CTA, not once per warp: the other warps carry no header
-/// word in a register and run no comparison, shuffle tree or vote.
+/// word in a register and run no comparison or vote.
 ///
 /// Every thread of the CTA must construct it, at the top of the kernel (it ends in
 /// __syncthreads when there is something to check). A warp that calls agree() before warp 0

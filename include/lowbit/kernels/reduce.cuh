@@ -79,26 +79,41 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
       // flight: with one, a CTA of 4 warps has 2 KiB of 4-bit codes in flight, and the
       // frames' reads wait on latency, not bandwidth.
       constexpr bool prefetch = Codec::bits <= 8;
-      packed_group<Codec> cur, next;
-      cur.load(frames, w.codes_offset, t.group);
-      if constexpr (prefetch)
-        if (num_frames > 1) next.load(frames + frame_stride, w.codes_offset, t.group);
-      for (int p = 0; p < num_frames; ++p) {
-        if (p > 0) {
-          if constexpr (prefetch) {
-            cur = next;
-            if (p + 1 < num_frames)
-              next.load(frames + static_cast<std::size_t>(p + 1) * frame_stride, w.codes_offset,
-                        t.group);
-          } else {
-            cur.load(frames + static_cast<std::size_t>(p) * frame_stride, w.codes_offset, t.group);
+      // The group's offsets in a frame, once a tile; a frame is then a pointer bump away.
+      const std::size_t words_at = w.codes_offset + t.group * Codec::group_bytes;
+      const std::size_t meta_at = t.block * sizeof(meta_type);
+      if constexpr (prefetch) {
+        // Two groups, one for the even frames and one for the odd, each reloaded with the
+        // frame two ahead as soon as it is summed: the same two loads in flight as a
+        // current/next pair, without copying next into current (five moves a frame) and
+        // with the frame's address one 64-bit add from the last.
+        packed_group<Codec> even, odd;
+        const std::size_t stride2 = 2 * frame_stride;
+        const std::byte* even_at = frames;
+        const std::byte* odd_at = frames + frame_stride;
+        even.load_at(even_at, words_at, meta_at);
+        if (num_frames > 1) odd.load_at(odd_at, words_at, meta_at);
+        for (int p = 0; p < num_frames; p += 2) {
+          even.accumulate(c);
+          if (p + 2 < num_frames) {
+            even_at += stride2;
+            even.load_at(even_at, words_at, meta_at);
+          }
+          if (p + 1 < num_frames) {
+            odd.accumulate(c);
+            if (p + 3 < num_frames) {
+              odd_at += stride2;
+              odd.load_at(odd_at, words_at, meta_at);
+            }
           }
         }
-        std::uint32_t codes[32];
-        Codec::unpack(cur.words, codes);
-        LOWBIT_UNROLL
-        for (int i = 0; i < 32; ++i)
-          c[i] = lowbit::detail::fadd(c[i], Codec::quantizer_type::dequantize(codes[i], cur.meta));
+      } else {
+        packed_group<Codec> cur;
+        const std::byte* f = frames;
+        for (int p = 0; p < num_frames; ++p, f += frame_stride) {
+          cur.load_at(f, words_at, meta_at);
+          cur.accumulate(c);
+        }
       }
       if (t.valid < 32) {
         LOWBIT_UNROLL

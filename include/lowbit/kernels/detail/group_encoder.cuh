@@ -77,9 +77,15 @@ template <class Quantizer, class Layout>
 __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[32], int valid,
                                                                int lane) {
   if constexpr (quant::is_symmetric_v<Quantizer>) {
-    float amax = 0.0f;  // the values past `valid` are 0 and leave it alone
+    // Four running maxima, not one: a chain of 32 dependent maxima is 32 latencies long, and
+    // at the few warps per scheduler these kernels run nothing else hides them. The
+    // NaN-propagating max of non-negative values is associative and commutative, bit for bit
+    // (every NaN result is the canonical NaN), so the order is free.
+    // (The values past `valid` are 0 and leave the maximum alone.)
+    float m[4] = {fabsf(c[0]), fabsf(c[1]), fabsf(c[2]), fabsf(c[3])};
     LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i) amax = max_nan(amax, fabsf(c[i]));
+    for (int i = 4; i < 32; ++i) m[i % 4] = max_nan(m[i % 4], fabsf(c[i]));
+    float amax = max_nan(max_nan(m[0], m[1]), max_nan(m[2], m[3]));
     LOWBIT_UNROLL
     for (int d = 1; d < Layout::lanes_per_block; d <<= 1)
       amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, d));
@@ -128,6 +134,17 @@ __device__ __forceinline__ quant::block_stats block_statistics(const float (&c)[
   }
 }
 
+/// Clears the bits of codes [valid, 32) in a group's `Bits` packed words.
+template <int Bits>
+__device__ __forceinline__ void clear_codes_from(std::uint32_t (&w)[Bits], int valid) {
+  const int keep = valid * Bits;  // the stream's bits to keep
+  LOWBIT_UNROLL
+  for (int j = 0; j < Bits; ++j) {
+    const int k = keep - 32 * j;  // of this word's
+    w[j] = k >= 32 ? w[j] : k <= 0 ? 0u : w[j] & ((1u << k) - 1u);
+  }
+}
+
 /// Encodes one lane's group. Every lane of the warp calls it (the statistics are
 /// reduced with shuffles); lanes with `live` false (idle layout lanes, blocks past the
 /// end) contribute nothing and write nothing.
@@ -157,13 +174,15 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
   const auto params = quantizer::make_params(meta);
   std::uint32_t codes[G];
   quantize_all<Codec>(c, params, key, index, codes);
-  if (valid < G) {  // missing values of a partial block are coded 0
-    LOWBIT_UNROLL
-    for (int i = 0; i < G; ++i)
-      if (i >= valid) codes[i] = 0u;
-  }
   std::uint32_t words[Codec::bits];
   Codec::pack(codes, words);
+  // Missing values of a partial block are coded 0: their bits are cleared in the packed
+  // words, not in the codes. Zeroing the codes (a select each, on a path the full groups
+  // share) made every code a value of its own before the pack; left to the pack alone, a
+  // code's offset (a rounding's float bits minus a magic number) folds into one constant a
+  // word. The values past `valid` are 0, so their codes are in range and the other words'
+  // bits are the zero codes' bits.
+  if (valid < G) clear_codes_from<Codec::bits>(words, valid);
 
   if (live) {
     store_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
@@ -179,7 +198,14 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
           fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
     }
   }
-  if (decode_back) Codec::dequantize_group(codes, meta, c);
+  if (decode_back) {
+    if (valid < G) {
+      LOWBIT_UNROLL
+      for (int i = 0; i < G; ++i)
+        if (i >= valid) codes[i] = 0u;
+    }
+    Codec::dequantize_group(codes, meta, c);
+  }
 }
 
 }  // namespace lowbit::kernels::detail
