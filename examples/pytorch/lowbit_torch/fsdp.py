@@ -282,6 +282,7 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         buffers = [dict(_key_dict(b.key), rank=b.rank, step=b.step,
                         residual=None if b.residual is None else b.residual.cpu())
                    for b in self._buffers.values()]
+        buffers += list(self._loaded.values())  # loaded, not yet called: kept as they came
         return {"version": 1, "kind": "lowbit_torch.ReduceScatter", "buffers": buffers,
                 "layout": self.layout,
                 **{k: getattr(self, k) for k in self._STATE_OPTIONS}}

@@ -357,6 +357,15 @@ def test_a_state_for_another_shape_or_rank_is_dropped_at_the_first_call(no_exten
         assert buf.step == 1
 
 
+def test_a_state_saved_again_before_the_first_call_keeps_what_was_loaded(no_extension):
+    _, _, fresh, saved = saved_and_resumed(2, 256, "shard")
+    again = make_ranks(2)
+    again[0].load_state_dict(saved[0])
+    (b,) = again[0].state_dict()["buffers"]
+    (want,) = saved[0]["buffers"]
+    assert b["step"] == want["step"] and torch.equal(b["residual"], want["residual"])
+
+
 @pytest.mark.parametrize("option,value", [("bits", 8), ("feedback", "residual"), ("seed", 1),
                                           ("grid", "full")])
 def test_a_state_saved_under_other_options_raises(option, value):
