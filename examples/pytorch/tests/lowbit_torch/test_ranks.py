@@ -477,7 +477,9 @@ def test_a_resumed_fsdp_run_continues_bit_identically(ext, group):
         _fully_shard(model)  # the default feedback, "shard"
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         if saved is not None:
-            params, opt_state, lowbit_state = saved
+            # A copy: the optimizer keeps the tensors it loads and updates them in place,
+            # which would leave a later run from the same checkpoint another start.
+            params, opt_state, lowbit_state = copy.deepcopy(saved)
             with torch.no_grad():
                 for p, q in zip(model.parameters(), params):
                     p.to_local().copy_(q)
