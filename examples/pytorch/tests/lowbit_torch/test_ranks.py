@@ -251,7 +251,9 @@ def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused):
         ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         if opt_state is not None:
-            opt.load_state_dict(opt_state)
+            # A copy: the optimizer keeps the tensors it loads and updates them in place,
+            # which would give the fresh-feedback run below another start.
+            opt.load_state_dict(copy.deepcopy(opt_state))
         saved = None
         for step in range(first, first + steps):
             if step == first + 3 and params is None:  # the checkpoint, after three steps
