@@ -2,7 +2,8 @@
 
 - DDP: ``model.register_comm_hook(DDPState(bits=4), ddp_hook)``
 - FSDP2: ``module.set_custom_reduce_scatter(ReduceScatter(bits=4))``,
-  ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``
+  ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``;
+  ``fsdp_state_dict(model)`` / ``load_fsdp_state_dict(model, state)`` checkpoint feedback
 - the codec: ``encode``, ``decode``, ``frame_bytes``
 - a torch.distributed backend: ``lowbit_torch.init(bits=4)`` then
   ``dist.init_process_group("cpu:gloo,cuda:lowbit")`` (backend.py)
@@ -40,7 +41,8 @@ from .codec import BLOCK, decode, encode, frame_bytes, whole_blocks
 from .comm import backend_of, communicator, release
 from .ddp import DDPState, ddp_hook
 from .defaults import gradient_grid
-from .fsdp import AllGather, ReduceScatter, apply_fsdp
+from .fsdp import (AllGather, ReduceScatter, apply_fsdp, feedback_bytes, fsdp_state_dict,
+                   load_fsdp_state_dict)
 
 
 def load():
@@ -59,4 +61,5 @@ def __getattr__(name):
 
 __all__ = ["AgreementError", "AllGather", "BackendOptions", "DDPState", "MIN_TORCH",
            "ReduceScatter", "apply_fsdp", "backend_of", "communicator", "ddp_hook",
-           "decode", "encode", "frame_bytes", "init", "load", "release"]
+           "decode", "encode", "feedback_bytes", "frame_bytes", "fsdp_state_dict", "init",
+           "load", "load_fsdp_state_dict", "release"]

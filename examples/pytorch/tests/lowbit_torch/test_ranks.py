@@ -20,7 +20,9 @@ nccl forces the choice.
 - A DDPState's state_dict() resumes a run bit-identically (and a fresh state does not).
 - The hook's collectives run on the hook's stream, never the caller's, and the caller's
   stream is not made to wait for them.
-- FSDP2 with lowbit's collectives: identical parameters on every rank."""
+- FSDP2 with lowbit's collectives: identical parameters on every rank; the reduce-scatter's
+  feedback (none, shard, residual) equal to a codec reference, the default's state the
+  size of the shard, and a run resumed from fsdp_state_dict() bit-identical."""
 
 import os
 
@@ -249,7 +251,9 @@ def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused):
         ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
         if opt_state is not None:
-            opt.load_state_dict(opt_state)
+            # A copy: the optimizer keeps the tensors it loads and updates them in place,
+            # which would give the fresh-feedback run below another start.
+            opt.load_state_dict(copy.deepcopy(opt_state))
         saved = None
         for step in range(first, first + steps):
             if step == first + 3 and params is None:  # the checkpoint, after three steps
@@ -360,6 +364,158 @@ def test_fsdp_with_lowbit_collectives_keeps_every_rank_identical(ext, group,
         out = model(x)
     assert torch.isfinite(out).all()
     assert _all_same(out)
+
+
+def _codec_nearest(x, bits=4, grid="zero"):
+    """x through the codec at nearest rounding (no key), as fp32."""
+    f = lowbit_torch.encode(x.contiguous(), bits, grid, "nearest")
+    return lowbit_torch.decode(f, x.numel(), bits, grid, torch.float32)
+
+
+@pytest.mark.parametrize("feedback", ["none", "shard", "residual"])
+@pytest.mark.parametrize("dtype,chunk", [(torch.float32, 1024), (torch.bfloat16, 1000)])
+def test_fsdp_reduce_scatter_feedback_equals_the_codec_reference(ext, group, feedback, dtype,
+                                                                 chunk):
+    """Four steps of ReduceScatter against the feedback rule written out with the codec
+    functions: every rank's chunks zero-padded to whole blocks, c = x + e on the own chunk
+    (shard) or on all (residual), each chunk decoded, the own chunk's P frames summed in
+    rank order in fp32, times 1/P, rounded once. The output and this rank's state equal
+    the reference's; the state is the padded shard (shard) or P of them (residual); FSDP's
+    input is left as it came."""
+    rank, P = dist.get_rank(), WORLD
+    padded = lowbit_torch.whole_blocks(chunk)
+    rs = lowbit_torch.ReduceScatter(bits=4, feedback=feedback)
+    e = [torch.zeros(P * padded, device="cuda") for _ in range(P)]  # every rank's, reference
+    mine = slice(rank * padded, (rank + 1) * padded)
+    for step in range(4):
+        x = _inputs(P * chunk, dtype, rank, seed=40 + step)
+        kept = x.clone()
+        out = torch.empty(chunk, dtype=dtype, device="cuda")
+        rs(out, x, dist.group.WORLD, dist.ReduceOp.AVG)
+        acc = torch.zeros(padded, device="cuda")
+        for r, xr in enumerate(_gathered(x)):
+            c = torch.zeros(P, padded, dtype=dtype, device="cuda")
+            c[:, :chunk] = xr.view(P, chunk)
+            c = c.view(-1).float()
+            part = slice(None) if feedback == "residual" else slice(r * padded, (r + 1) * padded)
+            if feedback != "none":
+                c[part] += e[r][part]
+            d = _codec_nearest(c.to(dtype))
+            if feedback != "none":
+                e[r][part] = (c - d)[part]
+            acc += d[mine]
+        want = (acc * (1.0 / P)).to(dtype)[:chunk]
+        assert torch.equal(out, want), (feedback, step)
+        assert torch.equal(x, kept)
+    (buf,) = rs._buffers.values()
+    if feedback == "none":
+        assert buf.residual is None
+    elif feedback == "shard":
+        assert buf.residual.numel() == padded
+        assert torch.equal(buf.residual, e[rank][mine])
+    else:
+        assert buf.residual.numel() == P * padded
+        assert torch.equal(buf.residual, e[rank])
+    assert rs.stats()["feedback_bytes"] == lowbit_torch.feedback_bytes(feedback, P, chunk)
+
+
+def _fully_shard(model, **reduce_scatter):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4, **reduce_scatter},
+                                   all_gather={"bits": 8})
+
+
+@pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
+def test_fsdp_default_feedback_holds_a_shard_not_the_unsharded_buffer(ext, group):
+    """After training, every module's feedback bytes are its padded shard x 4: within a
+    block and FSDP's dim-0 padding of (its parameters' numel / P) x 4, and P times less
+    than feedback="residual" holds for the same modules."""
+    P = WORLD
+    held, models = {}, {}
+    for feedback in ("shard", "residual"):
+        model = models[feedback] = _model()
+        _fully_shard(model, feedback=feedback)
+        _train(model, steps=3)
+        held[feedback] = dict(lowbit_torch.fsdp.reduce_scatters(model))
+    modules = 0
+    for name, rs in held["shard"].items():
+        if not rs._buffers:
+            continue  # the root: every parameter is in a child module
+        modules += 1
+        (buf,) = rs._buffers.values()
+        world, padded, _, _ = buf.key
+        assert world == P
+        got = rs.stats()["feedback_bytes"]
+        assert got == 4 * padded == buf.residual.numel() * 4
+        params = list(models["shard"].get_submodule(name).parameters())  # global shapes
+        numel = sum(p.numel() for p in params)
+        rows = max(p.numel() // p.shape[0] for p in params)
+        assert got <= 4 * (numel // P + 128 + (P - 1) * rows), name
+        assert held["residual"][name].stats()["feedback_bytes"] == P * got, name
+        assert buf.residual.abs().sum() > 0
+    assert modules == 3
+
+
+def _fsdp_batch(step):
+    g = torch.Generator().manual_seed(1000 * dist.get_rank() + step)  # each rank its own
+    return torch.randn(64, 96, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
+
+
+@pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
+def test_a_resumed_fsdp_run_continues_bit_identically(ext, group):
+    """Three steps, a checkpoint (this rank's parameter shards, the optimizer, every
+    ReduceScatter's state), two more steps; then a fresh model, FSDP, optimizer and
+    collectives loaded from the checkpoint run the same two steps: the same bits on every
+    rank. Fresh feedback instead of the checkpoint's gives other bits: the state mattered."""
+    import copy
+
+    def run(saved, first, steps, load_lowbit=True):
+        model = _model()
+        _fully_shard(model)  # the default feedback, "shard"
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if saved is not None:
+            # A copy: the optimizer keeps the tensors it loads and updates them in place,
+            # which would leave a later run from the same checkpoint another start.
+            params, opt_state, lowbit_state = copy.deepcopy(saved)
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), params):
+                    p.to_local().copy_(q)
+            opt.load_state_dict(opt_state)
+            if load_lowbit:
+                lowbit_torch.load_fsdp_state_dict(model, lowbit_state)
+        checkpoint = None
+        for step in range(first, first + steps):
+            if step == 3 and saved is None:
+                checkpoint = ([p.detach().to_local().clone() for p in model.parameters()],
+                              copy.deepcopy(opt.state_dict()),
+                              lowbit_torch.fsdp_state_dict(model))
+            x, y = _fsdp_batch(step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        local = torch.cat([p.detach().to_local().reshape(-1) for p in model.parameters()])
+        return local, checkpoint, model
+
+    straight, saved, _ = run(None, 0, 5)
+    lowbit_state = saved[2]
+    buffers = [b for s in lowbit_state.values() for b in s["buffers"]]
+    assert len(buffers) == 3 and all(b["step"] == 3 for b in buffers)
+    assert all(b["residual"].abs().sum() > 0 for b in buffers)  # feedback state to keep
+    resumed, _, model = run(saved, 3, 2)
+    for _, rs in lowbit_torch.fsdp.reduce_scatters(model):
+        s = rs.stats()
+        assert s.get("feedback_dropped_on_load", 0) == 0
+    assert sum(rs.stats().get("feedback_loaded", 0)
+               for _, rs in lowbit_torch.fsdp.reduce_scatters(model)) == 3
+    assert torch.equal(resumed, straight)
+    fresh, _, _ = run(saved, 3, 2, load_lowbit=False)
+    assert not torch.equal(fresh, straight)
 
 
 # ------------------------------------------------------- last: a call that fails
