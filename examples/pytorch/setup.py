@@ -81,7 +81,7 @@ def _extensions():
         sources=[os.path.relpath(s) for s in _build.sources(generated)],
         include_dirs=[_build.include_dir(), _build.CSRC, generated, nccl.include],
         extra_compile_args={"cxx": _build.cxx_flags(), "nvcc": _build.cuda_flags()},
-        library_dirs=[nccl.lib],
+        library_dirs=[nccl.lib] if nccl.lib else [],
         libraries=[nccl.library()],
         runtime_library_dirs=[nccl.lib] if nccl.rpath() else [],
     )
