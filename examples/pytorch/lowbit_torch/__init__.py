@@ -13,24 +13,25 @@ lowbit's node backend (a gloo group of ranks on one host, several of which may s
 GPU: comm.py). The DDP hook runs them on a stream of its own; the FSDP2 collectives on
 the stream FSDP calls them on.
 
-Requires torch >= 2.6 (MIN_TORCH; ``torch.distributed.fsdp.FSDPModule`` is public from
-it); the FSDP2 collectives need a torch whose FSDPModule has set_custom_reduce_scatter.
+Requires torch >= 2.9 (MIN_TORCH: ``ProcessGroupNCCL._comm_ptr()``, how the collectives
+borrow an NCCL group's communicator, is torch 2.8's; ``FSDPModule.set_custom_reduce_scatter``
+and ``set_custom_all_gather``, the FSDP2 collectives' hooks, are torch 2.9's). Importing
+the package under an older torch raises ImportError saying so.
 """
 
-MIN_TORCH = (2, 6)
+from ._build import MIN_TORCH, torch_too_old
 
 
-def _check_torch():
-    import torch
+def _check_torch(version=None):
+    """Raises ImportError for a torch older than MIN_TORCH (`version`: torch's, default the
+    installed one)."""
+    if version is None:
+        import torch
 
-    v = torch.__version__.split("+")[0].split(".")
-    try:
-        have = (int(v[0]), int(v[1]))
-    except (ValueError, IndexError):
-        return  # a version string we cannot read: let the imports below tell
-    if have < MIN_TORCH:
-        raise ImportError(f"lowbit_torch needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, this is "
-                          f"torch {torch.__version__}")
+        version = torch.__version__
+    message = torch_too_old(version)
+    if message:
+        raise ImportError(message)
 
 
 _check_torch()

@@ -1,6 +1,7 @@
 // The Python module: lowbit's errors as Python exceptions, then the codec functions and
 // (unless built with LOWBIT_TORCH_CODEC_ONLY, the codec alone for simulations) the
 // collectives and the "lowbit" torch.distributed backend.
+#include <nccl.h>
 #include <torch/extension.h>
 
 #include "bindings.h"
@@ -25,6 +26,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     } catch (const lowbit::timeout_error& e) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
     }
+  });
+
+  // The NCCL this module was compiled against (nccl.h's NCCL_VERSION_CODE) and the one it
+  // calls (ncclGetVersion; 0 if that fails): _build.check_nccl_runtime compares them with
+  // torch's on load.
+  m.def("nccl_version", [] {
+    int runtime = 0;
+    if (ncclGetVersion(&runtime) != ncclSuccess) runtime = 0;
+    return std::make_pair(static_cast<int>(NCCL_VERSION_CODE), runtime);
   });
 
   bind_codec(m);

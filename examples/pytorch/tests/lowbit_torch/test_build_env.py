@@ -143,7 +143,7 @@ class GeneratedSourcesTest(_WholeTable):
         each explicit instantiation in the generated .cu sources."""
         found = []
         for path in self.sources:
-            if not path.endswith(".cu"):
+            if not path.endswith(".cu") or os.path.basename(path).startswith("kernels_"):
                 continue
             with open(path) as f:
                 text = f.read()
@@ -185,7 +185,8 @@ class GeneratedSourcesTest(_WholeTable):
         nccl = 3 * 5 + 2 * 2 + 2
         node = 2 * 3 + 2 * 2 + 2
         self.assertEqual(len(_build.instances()), 3 + nccl + node)
-        cu = [os.path.basename(p) for p in self.sources if p.endswith(".cu")]
+        cu = [os.path.basename(p) for p in self.sources
+              if p.endswith(".cu") and not os.path.basename(p).startswith("kernels_")]
         self.assertEqual(len(cu), len(set(cu)))
         self.assertEqual(sorted(self.instantiated()), sorted(self.expected()))
 
@@ -197,7 +198,8 @@ class GeneratedSourcesTest(_WholeTable):
         self.assertTrue(os.path.exists(os.path.join(self.dir.name,
                                                     "all_reduce_nccl_float32_none_zero.cu")))
         cu = [p for p in self.sources if p.endswith(".cu")]
-        self.assertEqual(len(cu), len(_build.instances()) + 3 * 5 + 2 * 3)
+        shared = len(_build.shared_dtypes()) * len(_build.GRIDS)
+        self.assertEqual(len(cu), len(_build.instances()) + 3 * 5 + 2 * 3 + shared)
 
     def test_the_generated_sources_include_no_torch(self):
         """Every header a generated .cu includes from csrc/ (transitively) is torch-free:
@@ -265,6 +267,40 @@ class GeneratedSourcesTest(_WholeTable):
             for rule in _build.FEEDBACK:
                 if rule != "none":
                     self.assertNotIn(f'"{rule}"', text, name)
+
+    def test_the_shared_kernels_are_one_table_declared_and_defined_once(self):
+        """SHARED_KERNELS: shared_kernels.h declares extern exactly what the kernels_*.cu
+        sources instantiate, each once; every instance source includes it after its
+        header, so none of them compiles those kernels."""
+        with open(os.path.join(self.dir.name, "shared_kernels.h")) as f:
+            declared = re.findall(r"^extern template (.*)$", f.read(), re.M)
+        kernels = [p for p in self.sources if os.path.basename(p).startswith("kernels_")]
+        self.assertEqual(len(kernels), len(_build.shared_dtypes()) * len(_build.GRIDS))
+        self.assertEqual(set(_build.shared_dtypes()), set(_build.DTYPES))
+        defined = []
+        for path in kernels:
+            with open(path) as f:
+                defined += re.findall(r"^template (.*)$", f.read(), re.M)
+        self.assertEqual(len(defined), len(set(defined)))
+        self.assertEqual(sorted(declared), sorted(defined))
+        per_dtype_grid = sum(4 * 2 * len(refs or (None,))
+                             for _, _, refs, _ in _build.SHARED_KERNELS.values())
+        self.assertEqual(len(defined), per_dtype_grid * len(kernels))
+        for path in self.sources:
+            name = os.path.basename(path)
+            if not path.endswith(".cu") or name.startswith("kernels_"):
+                continue
+            with open(path) as f:
+                text = f.read()
+            self.assertRegex(text, r'#include "\w+_impl\.cuh"\n#include "shared_kernels\.h"\n',
+                             name)
+
+    def test_the_codec_only_build_compiles_its_own_kernels(self):
+        with tempfile.TemporaryDirectory() as d:
+            for path in _build.sources(d, codec_only=True):
+                if path.endswith(".cu"):
+                    with open(path) as f:
+                        self.assertNotIn("shared_kernels.h", f.read(), path)
 
     def test_the_codec_only_build_is_the_codec_and_its_bindings(self):
         with tempfile.TemporaryDirectory() as d:
