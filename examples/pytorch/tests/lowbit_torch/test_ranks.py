@@ -302,6 +302,22 @@ def test_the_hooks_collectives_run_on_its_own_stream(ext, group):
         assert state.handle(index).last_stream == hook, index
 
 
+class _Bucket:
+    """What ddp_hook reads of DDP's GradBucket: one parameter filling the buffer."""
+
+    def __init__(self, index, tensor):
+        self._index, self._tensor = index, tensor
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._tensor
+
+    def parameters(self):
+        return [self._tensor]
+
+
 def test_the_callers_stream_is_not_made_to_wait_for_the_collective(ext, group):
     rank, n = dist.get_rank(), 128 * 1024
     state = lowbit_torch.DDPState(bits=4, feedback="none", crossover=0)
