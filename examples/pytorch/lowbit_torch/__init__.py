@@ -1,6 +1,7 @@
 """lowbit_torch: lowbit's low-bit collectives in PyTorch training.
 
-- DDP: ``model.register_comm_hook(DDPState(bits=4), ddp_hook)``
+- DDP: ``model.register_comm_hook(DDPState(bits=4), ddp_hook)``; per-bucket widths from
+  a QSync plan: ``DDPState(bits="plan.json", model=model)`` (plan_bits.py)
 - FSDP2: ``module.set_custom_reduce_scatter(ReduceScatter(bits=4))``,
   ``module.set_custom_all_gather(AllGather(bits=8))``, or ``apply_fsdp(model, ...)``;
   ``fsdp_state_dict(model)`` / ``load_fsdp_state_dict(model, state)`` checkpoint feedback
@@ -44,6 +45,7 @@ from .ddp import DDPState, ddp_hook
 from .defaults import gradient_grid
 from .fsdp import (AllGather, ReduceScatter, apply_fsdp, feedback_bytes, fsdp_state_dict,
                    load_fsdp_state_dict)
+from .plan_bits import PlanBits
 
 
 def load():
@@ -61,6 +63,6 @@ def __getattr__(name):
 
 
 __all__ = ["AgreementError", "AllGather", "BackendOptions", "DDPState", "MIN_TORCH",
-           "ReduceScatter", "apply_fsdp", "backend_of", "communicator", "ddp_hook",
+           "PlanBits", "ReduceScatter", "apply_fsdp", "backend_of", "communicator", "ddp_hook",
            "decode", "encode", "feedback_bytes", "frame_bytes", "fsdp_state_dict", "init",
            "load", "load_fsdp_state_dict", "release"]

@@ -19,12 +19,14 @@ collective. No host wait.
 import collections
 
 import torch
+import torch.distributed as dist
 
 from ._build import collectives as extension
 from ._build import feedback_rules as _compiled_rules
 from .codec import frame_bytes, whole_blocks
 from .comm import communicator
 from .defaults import gradient_grid
+from .plan_bits import FULL_PRECISION_BITS, PlanBits, check_bits, is_plan
 
 FEEDBACK = _compiled_rules("all_reduce")  # the rules compiled (_build.py's table), on NCCL
 
@@ -38,10 +40,17 @@ def feedback_rules(backend="nccl"):
 class DDPState:
     """Options and per-bucket collectives of the lowbit DDP hook.
 
-    bits: 1, 2, 4 or 8 (may be changed between steps: ``state.bits = 8``).
+    bits: 1, 2, 4 or 8, or 16 and 32 for the full-precision path (torch.distributed's
+        all-reduce of the bucket in its own dtype); may be changed between steps:
+        ``state.bits = 8``. Or a QSync plan (what ``lowbit-plan`` writes: a dict or a JSON
+        file's path) with ``model``: per-bucket widths, each DDP bucket at the widest of
+        its parameters' planned bits; parameters the plan does not name at 32
+        (plan_bits.py). ``state.bits`` then holds the PlanBits.
+    model: the module (or the DDP) the hook is registered on; needed with a plan only.
     grid: "zero" (exact zeros survive) or "full" (all 2^bits levels); None (the default)
         takes ``gradient_grid(bits)`` of the bits given here: "zero" from 4 bits up,
-        "full" at 1 and 2. It stays when ``state.bits`` changes later.
+        "full" at 1 and 2. It stays when ``state.bits`` changes later. With a plan, None
+        takes each bucket's ``gradient_grid`` of its bits when its collective is built.
     rounding: "nearest" or "stochastic" (keyed by seed, step, rank, index).
     feedback: one of FEEDBACK, the rules compiled (the table in _build.py): "none",
         "residual" (fp32 state), "residual_bf16", "residual_stage2" (residual plus one on
@@ -61,28 +70,31 @@ class DDPState:
     """
 
     def __init__(self, process_group=None, bits=4, grid=None, rounding="nearest",
-                 feedback="residual", crossover="auto", seed=0, calibrate_max_bytes=256 << 20):
+                 feedback="residual", crossover="auto", seed=0, calibrate_max_bytes=256 << 20,
+                 model=None):
         if feedback not in FEEDBACK:
             raise ValueError(f"lowbit_torch.DDPState: feedback must be one of {FEEDBACK}, "
                              f"got {feedback!r}")
         if not (crossover == "auto" or (isinstance(crossover, int) and crossover >= 0)):
             raise ValueError("lowbit_torch.DDPState: crossover must be 'auto' or bytes >= 0, "
                              f"got {crossover!r}")
+        self.model = model
+        self.bits = bits  # checked (a plan: read and mapped onto the model's parameters)
         self.group = process_group
         self.comm = communicator(process_group)
         self.backend = self.comm.backend  # "nccl" or "node"
         if feedback not in feedback_rules(self.backend):
             raise ValueError(f"lowbit_torch.DDPState: feedback on the {self.backend} backend "
                              f"must be one of {feedback_rules(self.backend)}, got {feedback!r}")
-        self.bits = bits
-        self.grid = gradient_grid(bits) if grid is None else grid
+        self.grid = grid if grid is not None or is_plan(bits) else gradient_grid(bits)
         self.rounding = rounding
         self.feedback = feedback
         self.crossover = crossover
         self.seed = seed
         self.calibrate_max_bytes = calibrate_max_bytes
-        self._check_bits(bits)
         self._buckets = {}  # bucket index -> AllReduce handle
+        self._grids = {}  # bucket index -> its handle's grid
+        self._bucket_bits = {}  # bucket index -> its bits at the last call
         self._layouts = {}  # bucket index -> its parameters' shapes, in the bucket's order
         self._loaded = {}  # bucket index -> the layout a loaded state was saved under
         self._calibrated = {}  # (dtype, bits) -> (crossover bytes, largest size measured)
@@ -90,10 +102,35 @@ class DDPState:
         self._streams = {}  # device index -> the hook's stream
         self.last_streams = None  # (caller's, hook's) cudaStream_t of the last hook call
 
-    @staticmethod
-    def _check_bits(bits):
-        if bits not in (1, 2, 4, 8):
-            raise ValueError(f"lowbit_torch.DDPState: bits must be 1, 2, 4 or 8, got {bits!r}")
+    @property
+    def bits(self):
+        """The width of every bucket (an int), or the plan's (a PlanBits)."""
+        return self._bits
+
+    @bits.setter
+    def bits(self, bits):
+        if is_plan(bits):
+            self._bits = bits if isinstance(bits, PlanBits) else PlanBits(bits, self.model)
+        else:
+            check_bits(bits)
+            self._bits = bits
+
+    @property
+    def plan(self):
+        """The PlanBits the widths come from, or None (one width for every bucket)."""
+        return self._bits if isinstance(self._bits, PlanBits) else None
+
+    def bucket_bits(self, index, parameters):
+        """Bucket ``index``'s bits for this call, recorded for stats() and state_dict():
+        ``state.bits``, or with a plan the widest planned bits of ``parameters`` (the
+        bucket's, as ``GradBucket.parameters()`` gives them)."""
+        plan = self.plan
+        bits = self.bits if plan is None else plan.bits_of(parameters, index)
+        self._bucket_bits[index] = bits
+        return bits
+
+    def _grid(self, bits):
+        return gradient_grid(bits) if self.grid is None else self.grid
 
     def stats(self):
         """Counters: lowbit_calls / nccl_calls (below the crossover) and their input
@@ -101,8 +138,14 @@ class DDPState:
         this rank sent (the codec's frames, frame headers excluded, plus NCCL's ring
         traffic below the crossover), full_precision_wire_bytes, what a ring all-reduce
         of the same buckets in their own dtype would have sent, and wire_ratio, the
-        first over the second; the crossover in use per (dtype, bits)."""
+        first over the second; the crossover in use per (dtype, bits); bucket_bits, each
+        bucket index's bits at its last call (16 and 32: the full-precision path, whose
+        calls are counted as full_precision_calls / full_precision_bytes); with a plan,
+        unplanned_parameters, the names of the model's parameters it does not name."""
         s = dict(self._stats)
+        s["bucket_bits"] = dict(self._bucket_bits)
+        if self.plan is not None:
+            s["unplanned_parameters"] = list(self.plan.unplanned)
         s["crossover_bytes"] = {f"{d}/{b}": c for (d, b), (c, _) in self._calibrated.items()}
         full = s.get("full_precision_wire_bytes", 0)
         s["wire_ratio"] = s.get("wire_bytes", 0) / full if full else None
@@ -119,7 +162,7 @@ class DDPState:
             s = self._streams[index] = torch.cuda.Stream(device=index)
         return s
 
-    def _wire_bytes(self, h, count, plain, nbytes):
+    def _wire_bytes(self, h, count, plain, nbytes, bits, grid):
         """(bytes this rank sends, bytes a full-precision ring all-reduce would send) for a
         call of ``count`` values. One shot sends its frame to every peer; two phase a
         shard's frame to every peer twice (reduce-scatter, then all-gather); shards in
@@ -131,25 +174,26 @@ class DDPState:
         if plain:
             return full, full
         if h.algorithm == "one_shot":
-            return (P - 1) * frame_bytes(count, self.bits, self.grid), full
+            return (P - 1) * frame_bytes(count, bits, grid), full
         shard = whole_blocks(-(-count // P))
-        return 2 * (P - 1) * frame_bytes(shard, self.bits, self.grid), full
+        return 2 * (P - 1) * frame_bytes(shard, bits, grid), full
 
-    def _new_handle(self, dtype, count):
+    def _new_handle(self, dtype, count, grid):
         fixed = 0 if self.crossover == "auto" else self.crossover
-        return extension().AllReduce(self.comm, dtype, count, self.grid, self.rounding,
+        return extension().AllReduce(self.comm, dtype, count, grid, self.rounding,
                                      self.feedback, True, self.seed, fixed, "automatic")
 
-    def _handle(self, index, tensor):
+    def _handle(self, index, tensor, bits):
         h = self._buckets.get(index)
         if h is not None and h.max_count == tensor.numel() and h.dtype == tensor.dtype:
-            return h
+            return h  # its grid stays, as self.grid does when the bits change
         if h is not None:
             self._stats["rebuilds"] += 1
-        h = self._buckets[index] = self._new_handle(tensor.dtype, tensor.numel())
+        grid = self._grids[index] = self._grid(bits)
+        h = self._buckets[index] = self._new_handle(tensor.dtype, tensor.numel(), grid)
         return h
 
-    def _crossover(self, h, tensor):
+    def _crossover(self, h, tensor, bits):
         """The crossover for this call's dtype and width: measured when 'auto' at the first
         bucket of each (dtype, bits) and again for a larger bucket, up to
         calibrate_max_bytes (collective: every rank reaches the same bucket at the same
@@ -159,28 +203,56 @@ class DDPState:
             return 0  # the node backend has no plain path
         if self.crossover != "auto" or self.comm.size == 1 or self.feedback == "ef21":
             return h.crossover_bytes
-        key = (tensor.dtype, self.bits)
+        key = (tensor.dtype, bits)
         nbytes = tensor.numel() * tensor.element_size()
         known = self._calibrated.get(key)
         measurable = min(nbytes, self.calibrate_max_bytes)
         if known is None or measurable > known[1]:
-            probe = self._new_handle(tensor.dtype, measurable // tensor.element_size())
-            crossover = probe.calibrate(self.bits, measurable)
+            probe = self._new_handle(tensor.dtype, measurable // tensor.element_size(),
+                                     self._grid(bits))
+            crossover = probe.calibrate(bits, measurable)
             del probe
             self._calibrated[key] = (crossover, measurable)
             self._stats["calibrations"] += 1
         return self._calibrated[key][0]
 
-    def all_reduce_(self, index, tensor):
+    def all_reduce_(self, index, tensor, bits=None):
         """Averages ``tensor`` (a CUDA, contiguous float32/float16/bfloat16 tensor) over
-        the group in place, enqueued on the current stream."""
-        self._check_bits(self.bits)
+        the group in place, enqueued on the current stream, at ``bits`` (default: bucket
+        ``index``'s, bucket_bits(), or ``state.bits``): 16 and 32 through the
+        full-precision path, torch.distributed's all-reduce of the tensor as it is."""
+        if bits is None:
+            bits = self.bits if self.plan is None else self._bucket_bits.get(index)
+            if bits is None:
+                raise ValueError(f"lowbit_torch.DDPState: bucket {index} has no bits yet: "
+                                 "call bucket_bits(index, parameters) first, or pass bits")
+        check_bits(bits)
+        if bits in FULL_PRECISION_BITS:
+            return self._full_precision_(tensor)
+        return self._lowbit_(index, tensor, bits)
+
+    def _full_precision_(self, tensor):
+        """The plain average: each rank's tensor divided by P, then summed (as DDP's own
+        all-reduce hook does), on the group's backend; waited for on the current stream."""
+        nbytes = tensor.numel() * tensor.element_size()
+        P = self.comm.size
+        full = 2 * (P - 1) * nbytes // P if P > 1 else 0
+        self._stats["full_precision_calls"] += 1
+        self._stats["full_precision_bytes"] += nbytes
+        self._stats["wire_bytes"] += full
+        self._stats["full_precision_wire_bytes"] += full
+        if P > 1:
+            tensor.div_(P)
+            dist.all_reduce(tensor, group=self.group, async_op=True).wait()
+        return tensor
+
+    def _lowbit_(self, index, tensor, bits):
         if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
             raise ValueError("lowbit_torch: the bucket must be a CUDA tensor")
         if not tensor.is_contiguous():
             raise ValueError("lowbit_torch: the bucket must be contiguous")
-        h = self._handle(index, tensor)
-        crossover = self._crossover(h, tensor)
+        h = self._handle(index, tensor, bits)
+        crossover = self._crossover(h, tensor, bits)
         h.crossover_bytes = crossover
         nbytes = tensor.numel() * tensor.element_size()
         plain = (self.backend == "nccl" and nbytes < crossover and self.feedback != "ef21"
@@ -188,10 +260,11 @@ class DDPState:
         kind = "nccl" if plain else "lowbit"
         self._stats[f"{kind}_calls"] += 1
         self._stats[f"{kind}_bytes"] += nbytes
-        wire, full = self._wire_bytes(h, tensor.numel(), plain, nbytes)
+        wire, full = self._wire_bytes(h, tensor.numel(), plain, nbytes, bits,
+                                      self._grids.get(index, self._grid(bits)))
         self._stats["wire_bytes"] += wire
         self._stats["full_precision_wire_bytes"] += full
-        h.run(tensor, tensor, self.bits)
+        h.run(tensor, tensor, bits)
         return tensor
 
     def handle(self, index):
@@ -203,8 +276,10 @@ class DDPState:
 
     def state_dict(self):
         """What a resume needs to continue bit-identically: per bucket its collective's size,
-        dtype, step and feedback state (host copies), the bits, and the crossovers measured.
-        Synchronises with the hook's streams (the state must be complete)."""
+        dtype, step, grid and feedback state (host copies), the bits (an int, or the plan as
+        PlanBits.to_json() gives it), each bucket's bits at its last call (bucket_bits), and
+        the crossovers measured. Synchronises with the hook's streams (the state must be
+        complete)."""
         for s in self._streams.values():
             s.synchronize()
         buckets = {}
@@ -213,10 +288,12 @@ class DDPState:
             replicated = h.replicated_state(h.max_count)
             buckets[index] = {
                 "max_count": h.max_count, "dtype": h.dtype, "step": h.step,
-                "layout": self._layouts.get(index),
+                "layout": self._layouts.get(index), "grid": self._grids.get(index),
                 "worker": _host_copy(worker), "replicated": _host_copy(replicated),
             }
-        return {"version": 1, "bits": self.bits, "buckets": buckets,
+        plan = self.plan
+        return {"version": 1, "bits": self.bits if plan is None else plan.to_json(),
+                "bucket_bits": dict(self._bucket_bits), "buckets": buckets,
                 "calibrated": dict(self._calibrated),
                 **{k: getattr(self, k) for k in self._STATE_OPTIONS}}
 
@@ -224,7 +301,8 @@ class DDPState:
         """Restores a state_dict() taken with the same grid, rounding, feedback and seed on
         a group of the same size (every rank loads its own). Each bucket's collective is
         built at the checkpoint's size, so the first steps after the resume reuse it, as the
-        run that was saved would have."""
+        run that was saved would have. A plan's bits need the model (``DDPState(model=...)``).
+        """
         if state.get("version") != 1:
             raise ValueError("lowbit_torch.DDPState.load_state_dict: not a DDPState state_dict "
                              f"(version {state.get('version')!r})")
@@ -232,18 +310,19 @@ class DDPState:
             if state[k] != getattr(self, k):
                 raise ValueError(f"lowbit_torch.DDPState.load_state_dict: the checkpoint has "
                                  f"{k}={state[k]!r}, this state {k}={getattr(self, k)!r}")
-        self._check_bits(state["bits"])
-        self.bits = state["bits"]
+        self.bits = state["bits"]  # checked; a plan is mapped onto self.model
+        self._bucket_bits = dict(state.get("bucket_bits", {}))
         self._calibrated = dict(state["calibrated"])
-        self._buckets = {}
+        self._buckets, self._grids = {}, {}
         device = torch.device("cuda", torch.cuda.current_device())
         empty = torch.empty(0, device=device)
         for index, b in state["buckets"].items():
-            h = self._new_handle(b["dtype"], b["max_count"])
+            grid = b.get("grid") or self.grid
+            h = self._new_handle(b["dtype"], b["max_count"], grid)
             worker = empty if b["worker"] is None else b["worker"].to(device)
             replicated = empty if b["replicated"] is None else b["replicated"].to(device)
             h.load_state(worker.contiguous(), replicated.contiguous(), b["step"])
-            self._buckets[index] = h
+            self._buckets[index], self._grids[index] = h, grid
             self._loaded[index] = b.get("layout")
         torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
 
@@ -286,9 +365,11 @@ def ddp_hook(state, bucket):
     caller = torch.cuda.current_stream(device)
     stream = state.stream(device)
     stream.wait_stream(caller)  # the bucket's gradients are complete on the caller's stream
-    state.note_layout(bucket.index(), [tuple(p.shape) for p in bucket.parameters()])
+    parameters = list(bucket.parameters())
+    state.note_layout(bucket.index(), [tuple(p.shape) for p in parameters])
+    bits = state.bucket_bits(bucket.index(), parameters)
     with torch.cuda.stream(stream):
-        state.all_reduce_(bucket.index(), tensor)
+        state.all_reduce_(bucket.index(), tensor, bits)
         # The bucket was made on the caller's stream; used here too, its memory must not
         # be reused before this stream is done with it.
         tensor.record_stream(stream)
