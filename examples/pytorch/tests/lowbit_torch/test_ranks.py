@@ -18,6 +18,8 @@ nccl forces the choice.
   and the first step's gradients are the ranks' mean within the codec's error (far from
   any one rank's own, so a hook that exchanged nothing fails).
 - A DDPState's state_dict() resumes a run bit-identically (and a fresh state does not).
+- DDP with a QSync plan's widths (4, 8 and 32 bits on different layers): each bucket at
+  the widest planned bits of its parameters, identical parameters on every rank.
 - The hook's collectives run on the hook's stream, never the caller's, and the caller's
   stream is not made to wait for them.
 - FSDP2 with lowbit's collectives: identical parameters on every rank; the reduce-scatter's
@@ -300,6 +302,63 @@ def test_the_hooks_collectives_run_on_its_own_stream(ext, group):
     assert state._buckets
     for index in state._buckets:
         assert state.handle(index).last_stream == hook, index
+
+
+def test_ddp_with_a_plans_widths_trains_identically_on_every_rank(ext, group):
+    """A QSync plan puts the last two linear layers at 4 bits, the second at 8 and the
+    first at 32: every DDP bucket runs at the widest planned bits of its parameters (the
+    first layer's exactly, through the full-precision path), and the ranks end identical."""
+    plan = {"buckets": [{"bits": 4, "ops": ["body.6", "body.4", "body.5"]},
+                        {"bits": 8, "ops": ["body.2", "body.3"]},
+                        {"bits": 32, "ops": ["body.0", "body.1"]}]}
+    planned = {"body.6": 4, "body.4": 4, "body.2": 8, "body.0": 32}
+    torch.manual_seed(0)
+    net = _Net().cuda()
+    local = _local_grads(net, False, 1)
+    mean = torch.stack(_gathered(local)).mean(0)
+    net.zero_grad()
+    # find_unused_parameters: DDP buckets by the cap from the first step (no rebuild), so
+    # the first step's gradients already come through the planned widths.
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=[torch.cuda.current_device()],
+                                              bucket_cap_mb=0.25, find_unused_parameters=True)
+    state = lowbit_torch.DDPState(bits=plan, model=ddp, feedback="residual", crossover=0)
+    seen = {}
+
+    def hook(s, bucket):
+        seen[bucket.index()] = list(bucket.parameters())
+        return lowbit_torch.ddp_hook(s, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    names = {id(p): n.rsplit(".", 1)[0] for n, p in net.named_parameters()}
+    for step in range(5):
+        opt.zero_grad()
+        _loss(ddp, step).backward()
+        if step == 0:
+            offset = 0
+            for n, p in net.named_parameters():
+                got, want = p.grad.reshape(-1), mean[offset:offset + p.numel()]
+                offset += p.numel()
+                if planned[n.rsplit(".", 1)[0]] == 32:  # full precision: the mean itself
+                    assert torch.allclose(got, want, rtol=1e-4, atol=1e-6), n
+                else:
+                    assert (got - want).norm() < 0.25 * want.norm(), n
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+    assert torch.isfinite(flat).all()
+    assert _all_same(flat)
+    bits = state.stats()["bucket_bits"]
+    assert set(bits) == set(seen)
+    for index, params in seen.items():
+        assert bits[index] == max(planned[names[id(p)]] for p in params), index
+    assert len(set(bits.values())) >= 2
+    s = state.stats()
+    assert s["lowbit_calls"] >= 5 and s["full_precision_calls"] >= 5
+    assert s["unplanned_parameters"] == []
+    assert state.state_dict()["bucket_bits"] == bits
+    if dist.get_rank() == 0:
+        print(f"[test_ranks] P={WORLD} ddp plan: bucket bits {bits}, "
+              f"wire ratio {s['wire_ratio']:.3f}")
 
 
 class _Bucket:
