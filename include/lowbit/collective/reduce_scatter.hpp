@@ -45,6 +45,10 @@ class reduce_scatter
     return this->engine_.template my_shard<Codec>(count);
   }
 
+  /// The feedback state (its buffers are host or device memory, as the backend's): with
+  /// feedback::residual the residual e over the whole input, from element 0.
+  auto& feedback_state() noexcept { return this->engine_.feedback_state(); }
+
   /// Reduces in[0, count) over the ranks; out[0, shard(count).count) gets my shard.
   /// `out` may alias `in` only in place, as out = in + shard(count).begin (what NCCL's own
   /// in-place reduce_scatter is, below the crossover); other overlaps are undefined.

@@ -124,6 +124,15 @@ void bind_collectives(pybind11::module_& m) {
       .def("shard", &shard_collective_handle::shard, py::arg("count"))
       .def_property_readonly("max_count", &shard_collective_handle::max_count)
       .def_property_readonly("dtype", &shard_collective_handle::dtype)
+      // The step (stochastic rounding's key; each call adds one), settable for a resume,
+      // and the feedback state as AllReduce's: a reduce_scatter with the residual rule
+      // keeps the fp32 residual of every input value (max_count); others keep none.
+      .def_property("step", &shard_collective_handle::step, &shard_collective_handle::set_step)
+      .def("worker_state", &shard_collective_handle::worker_state, py::arg("count"))
+      .def("replicated_state", &shard_collective_handle::replicated_state, py::arg("count"))
+      .def("reset_feedback", &shard_collective_handle::reset_feedback)
+      .def("load_state", &shard_collective_handle::load_state, py::arg("worker"),
+           py::arg("replicated"), py::arg("step"))
       .def_property_readonly("last_stream", &shard_collective_handle::last_stream);
 }
 

@@ -52,6 +52,12 @@ void check_count(std::int64_t n, std::int64_t max_count, const char* what) {
                     max_count);
 }
 
+std::uint32_t checked_step(std::int64_t step, const char* what) {
+  TORCH_CHECK_VALUE(step >= 0 && step <= std::int64_t{UINT32_MAX}, "lowbit_torch: ", what,
+                    ": step ", step, " is outside [0, 2^32)");
+  return static_cast<std::uint32_t>(step);
+}
+
 bool supported_bits(int bits) { return bits == 1 || bits == 2 || bits == 4 || bits == 8; }
 
 }  // namespace
@@ -87,30 +93,29 @@ void all_reduce_handle::set_crossover_bytes(std::int64_t bytes) {
   core_->set_crossover_bytes(static_cast<std::size_t>(bytes));
 }
 
-std::int64_t all_reduce_handle::max_count() const {
-  return static_cast<std::int64_t>(core_->max_count());
+at::Tensor worker_state_of(stateful_core& core, std::int64_t count) {
+  const feedback_arrays a = core.feedback_state();
+  return copy_state(a.worker, scalar_type(a.worker_dtype), count,
+                    static_cast<std::int64_t>(core.max_count()));
 }
 
-std::int64_t all_reduce_handle::step() const { return core_->step(); }
-
-at::Tensor all_reduce_handle::worker_state(std::int64_t count) const {
-  const feedback_arrays a = core_->feedback_state();
-  return copy_state(a.worker, scalar_type(a.worker_dtype), count, max_count());
+at::Tensor replicated_state_of(stateful_core& core, std::int64_t count) {
+  return copy_state(core.feedback_state().replicated, at::kFloat, count,
+                    static_cast<std::int64_t>(core.max_count()));
 }
 
-at::Tensor all_reduce_handle::replicated_state(std::int64_t count) const {
-  return copy_state(core_->feedback_state().replicated, at::kFloat, count, max_count());
+void set_step_of(stateful_core& core, std::int64_t step) {
+  core.set_step(checked_step(step, "step"));
 }
 
-void all_reduce_handle::load_state(const at::Tensor& worker, const at::Tensor& replicated,
-                                   std::int64_t step) {
-  TORCH_CHECK_VALUE(step >= 0 && step <= std::int64_t{UINT32_MAX},
-                    "lowbit_torch: load_state: step ", step, " is outside [0, 2^32)");
-  const feedback_arrays a = core_->feedback_state();
-  lowbit_torch::load_state(a.worker, scalar_type(a.worker_dtype), worker, max_count(),
-                           "worker state");
-  lowbit_torch::load_state(a.replicated, at::kFloat, replicated, max_count(), "replicated state");
-  core_->set_step(static_cast<std::uint32_t>(step));
+void load_state_of(stateful_core& core, const at::Tensor& worker, const at::Tensor& replicated,
+                   std::int64_t step) {
+  const std::uint32_t s = checked_step(step, "load_state");  // before anything is copied
+  const feedback_arrays a = core.feedback_state();
+  const auto max_count = static_cast<std::int64_t>(core.max_count());
+  load_state(a.worker, scalar_type(a.worker_dtype), worker, max_count, "worker state");
+  load_state(a.replicated, at::kFloat, replicated, max_count, "replicated state");
+  core.set_step(s);
 }
 
 void shard_collective_handle::run(const at::Tensor& in, const at::Tensor& out) {
@@ -127,10 +132,6 @@ void shard_collective_handle::run(const at::Tensor& in, const at::Tensor& out) {
   const cudaStream_t stream = current_stream();
   last_stream_ = reinterpret_cast<std::int64_t>(stream);
   core_->run(in.data_ptr(), out.data_ptr(), static_cast<std::size_t>(count), stream);
-}
-
-std::int64_t shard_collective_handle::max_count() const {
-  return static_cast<std::int64_t>(core_->max_count());
 }
 
 std::pair<std::int64_t, std::int64_t> shard_collective_handle::shard(std::int64_t count) const {

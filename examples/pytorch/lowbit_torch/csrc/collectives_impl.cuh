@@ -138,6 +138,16 @@ class shard_collective_impl final : public shard_collective_core {
     const auto s = coll_.shard(count);
     return {s.begin, s.end()};
   }
+  std::uint32_t step() const override { return coll_.step(); }
+  void set_step(std::uint32_t step) override { coll_.set_step(step); }
+  feedback_arrays feedback_state() override {
+    if constexpr (Gather) {
+      return {};  // lowbit::all_gather keeps no feedback state
+    } else {
+      return detail::arrays_of<Feedback>(coll_.feedback_state());
+    }
+  }
+  void reset_feedback() override { coll_.reset_feedback(); }
 
  private:
   std::shared_ptr<detail::comm_of<Backend>> comm_;  // before coll_: it outlives it

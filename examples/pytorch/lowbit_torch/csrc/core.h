@@ -198,12 +198,26 @@ struct feedback_arrays {
   float* replicated = nullptr;
 };
 
+/// What every collective core has besides its call: the step the next call keys
+/// stochastic rounding with (each call adds one) and the feedback state (its arrays; none
+/// for a rule that keeps none), which the glue copies out for a checkpoint and back on a
+/// resume (collectives.h's stateful_handle).
+class stateful_core {
+ public:
+  virtual ~stateful_core() = default;
+  virtual std::size_t max_count() const = 0;
+  virtual std::uint32_t step() const = 0;
+  virtual void set_step(std::uint32_t step) = 0;
+  virtual feedback_arrays feedback_state() = 0;
+  /// Zeroes the feedback state (not stream-ordered: no call may be in flight).
+  virtual void reset_feedback() = 0;
+};
+
 /// A lowbit::dynamic_all_reduce (widths 1, 2, 4, 8) at one element type, feedback rule,
 /// grid and rounding, on one backend. Arguments are checked by the glue
 /// (collective_bindings.cpp's all_reduce_handle) before they come here.
-class all_reduce_core {
+class all_reduce_core : public stateful_core {
  public:
-  virtual ~all_reduce_core() = default;
   /// Enqueues out = all-reduce(in) of `count` values at `bits` on `stream`.
   virtual void run(const void* in, void* out, std::size_t count, int bits, cudaStream_t stream) = 0;
   /// Measures the crossover at `bits` (collective, synchronising), sets it, returns it in
@@ -212,22 +226,18 @@ class all_reduce_core {
   /// 0 on a backend without a crossover, whose setter does nothing.
   virtual std::size_t crossover_bytes() const = 0;
   virtual void set_crossover_bytes(std::size_t bytes) = 0;
-  virtual std::size_t max_count() const = 0;
-  virtual std::uint32_t step() const = 0;
-  virtual void set_step(std::uint32_t step) = 0;
   virtual std::string algorithm() const = 0;
-  virtual feedback_arrays feedback_state() = 0;
-  virtual void reset_feedback() = 0;
 };
 
-/// A lowbit::reduce_scatter or all_gather at one codec, checked by the glue as above.
-class shard_collective_core {
+/// A lowbit::reduce_scatter or all_gather at one codec, checked by the glue as above. A
+/// reduce_scatter with the residual rule keeps the residual of every value it encodes
+/// (max_count of them, fp32): its feedback_state()'s worker array; an all_gather keeps
+/// none.
+class shard_collective_core : public stateful_core {
  public:
-  virtual ~shard_collective_core() = default;
   /// reduce_scatter: in has count values, out gets this rank's shard; all_gather: in is
   /// this rank's shard, out gets count values. Enqueued on `stream`.
   virtual void run(const void* in, void* out, std::size_t count, cudaStream_t stream) = 0;
-  virtual std::size_t max_count() const = 0;
   /// [begin, end) of this rank's shard of a count-value tensor.
   virtual std::pair<std::size_t, std::size_t> shard(std::size_t count) const = 0;
 };
