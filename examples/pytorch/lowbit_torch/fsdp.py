@@ -20,15 +20,17 @@ Error feedback costs memory FSDP exists to save, so the default keeps it to the 
 feedback="shard" holds fp32 feedback for the chunk this rank owns (its shard numel x 4
 bytes per module); feedback="residual" holds it for every chunk the rank sends (the
 unsharded numel x 4 bytes, P times more); "none" holds nothing (ReduceScatter says why
-no shard-size state can correct the other chunks). The feedback is applied in torch
-around lowbit's collective, so that its state is reachable: ``state_dict()`` and
-``load_state_dict()`` save and restore it with each buffer's step, and ``stats()``
+no shard-size state can correct the other chunks). "residual" is lowbit's own
+reduce_scatter with feedback::residual (the state lives in the collective, which applies
+the rule as it encodes); "shard" is applied in torch around a collective without feedback
+(lowbit's collective has no rule for the own chunk alone). Either way ``state_dict()`` and
+``load_state_dict()`` save and restore the state with each buffer's step (the
+collective's, stochastic rounding's key), so a resume is bit-identical, and ``stats()``
 reports the bytes held. ``lowbit_torch.fsdp_state_dict(model)`` gathers the state of
 every module apply_fsdp set.
 """
 
 import collections
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -93,14 +95,30 @@ def feedback_bytes(feedback, world, chunk):
 
 
 class _Buffer:
-    """The feedback state of one reduce-scatter buffer shape on this rank: the residual
-    (fp32, feedback_numel values; None for "none") and the calls made on the buffer's
-    collective, which are the collective's step (stochastic rounding's key)."""
+    """The feedback state of one reduce-scatter buffer shape on this rank, with the
+    buffer's collective (``handle``), whose step (the calls made on it) keys stochastic
+    rounding. ``residual``: the shard's residual held in torch ("shard": fp32, the padded
+    chunk), else None; ``in_collective``: the collective holds the residual of every
+    value sent ("residual" on more than one rank: fp32, feedback_numel values)."""
 
-    def __init__(self, key, rank, residual, step=0):
-        self.key, self.rank, self.residual, self.step = key, rank, residual, step
+    def __init__(self, key, rank, handle, device, residual=None, in_collective=False):
+        self.key, self.rank, self.handle, self.device = key, rank, handle, device
+        self.residual, self.in_collective = residual, in_collective
+
+    @property
+    def step(self):
+        return self.handle.step
+
+    def state(self):
+        """The feedback state now, on the buffer's device (None for none): the shard's
+        tensor itself, or a copy of the collective's (on the current stream)."""
+        if self.in_collective:
+            return self.handle.worker_state(self.handle.max_count)
+        return self.residual
 
     def bytes(self):
+        if self.in_collective:
+            return self.handle.max_count * _STATE_BYTES
         return 0 if self.residual is None else self.residual.numel() * _STATE_BYTES
 
 
@@ -127,6 +145,9 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
           it quantizes for its own output: its shard numel x 4 bytes. Nearest rounding.
       "residual": classic error feedback on every chunk this rank sends: the unsharded
           numel x 4 bytes (P times the shard), as plain data parallelism would keep.
+          lowbit's own residual rule, inside the collective: c = x + e in fp32, the
+          frame is Q(c) (c itself, not c rounded to the gradient's dtype), e = c - D(Q(c));
+          a block that is not finite leaves its e as it was.
       "none": no state.
     Each rank quantizes all P chunks of its input; classic feedback needs the error of
     each, so only "residual" corrects every quantization, at a memory cost that cancels
@@ -169,28 +190,32 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         padded = whole_blocks(chunk)  # lowbit shards in whole blocks
         key = (world, padded, input_tensor.dtype, average)
         h = self._handle(key, lambda: self._new_collective(group, key))
-        buf = self._buffer(key, rank, input_tensor.device)
+        buf = self._buffer(key, rank, h, input_tensor.device)
         staged = padded != chunk
         src = _padded_chunks(input_tensor, world, chunk, padded) if staged else input_tensor
         dst = (torch.empty(padded, dtype=input_tensor.dtype, device=input_tensor.device)
                if staged else output_tensor)
-        sent, restore = self._with_feedback(buf, src, rank, padded, in_place_ok=staged)
-        h.run(sent, dst)
+        restore = self._shard_feedback(buf, src, rank, padded, in_place_ok=staged)
+        h.run(src, dst)
         if restore is not None:
             restore()
         if staged:
             output_tensor.copy_(dst[:chunk])
-        buf.step += 1
         self._count(world, chunk, padded, input_tensor.element_size())
         return None
 
+    def _collective_feedback(self, world):
+        """The feedback rule the collective of a buffer on ``world`` ranks is built with:
+        lowbit's residual for "residual" (the collective holds and applies it), none
+        otherwise ("shard" is applied in torch; one rank quantizes nothing)."""
+        return "residual" if self.feedback == "residual" and world > 1 else "none"
+
     def _new_collective(self, group, key):
-        """The lowbit collective of a buffer shape. Feedback is applied around it (here,
-        in torch), so that its state is this object's to size, save and restore."""
+        """The lowbit collective of a buffer shape (max_count: the padded buffer)."""
         world, padded, dtype, average = key
         return extension().ShardCollective.reduce_scatter(
             communicator(group), dtype, padded * world, self.bits, self.grid, self.rounding,
-            "none", average, self.seed)
+            self._collective_feedback(world), average, self.seed)
 
     def _roundtrip(self, x, step, rank):
         """decode(encode(x)) in fp32: what a receiver of x's frame adds, the same kernels
@@ -199,29 +224,28 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
                        rank=rank)
         return decode(frame, x.numel(), self.bits, self.grid, torch.float32)
 
-    def _with_feedback(self, buf, src, rank, padded, in_place_ok):
-        """(the tensor the collective sends, a function to call after it or None).
-        The feedback rule c = x + e; send Q(c); e = c - D(Q(c)), on this rank's own chunk
-        ("shard") or on all of src ("residual"). FSDP's input is left as it came."""
-        if buf.residual is None:  # "none", or one rank (which quantizes nothing)
-            return src, None
-        if self.feedback == "residual":
-            c = src.float() + buf.residual
-            sent = c.to(src.dtype)  # the collective quantizes these values
-            buf.residual.copy_(c - self._roundtrip(sent, buf.step, rank))
-            return sent, None
+    def _shard_feedback(self, buf, src, rank, padded, in_place_ok):
+        """"shard"'s feedback, in torch, on this rank's own chunk of src before the
+        collective sends it: c = x + e; send Q(c); e = c - D(Q(c)), c rounded to src's
+        dtype (what the collective quantizes). Returns a function that restores FSDP's
+        input after the call, or None. Nothing for "none" and "residual" (the collective's
+        own rule) or on one rank (which quantizes nothing)."""
+        if buf.residual is None:
+            return None
         own = src[rank * padded:(rank + 1) * padded]
         kept = None if in_place_ok else own.clone()  # a shard-size copy to restore FSDP's input
         c = own.float() + buf.residual
         own.copy_(c)  # rounded to src's dtype: what the collective quantizes
         buf.residual.copy_(c - self._roundtrip(own, buf.step, rank))
-        return src, (None if kept is None else lambda: own.copy_(kept))
+        return None if kept is None else (lambda: own.copy_(kept))
 
     # -- state --------------------------------------------------------------------------
 
-    def _buffer(self, key, rank, device):
+    def _buffer(self, key, rank, handle, device):
         """The feedback state of ``key`` on this rank, made (zero) on first use, or taken
-        from a loaded state_dict when one was saved for the same buffer shape and rank."""
+        from a loaded state_dict when one was saved for the same buffer shape and rank:
+        its residual and step go into ``handle``, the collective (on the current stream,
+        before the call that follows) or into torch ("shard")."""
         buf = self._buffers.get(key)
         if buf is not None:
             return buf
@@ -238,12 +262,20 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
             self._loaded.clear()
         world, padded, _, _ = key
         n = feedback_numel(self.feedback, world, padded)
+        in_collective = n > 0 and self._collective_feedback(world) == "residual"
+        held = n > 0 and not in_collective  # "shard": torch's
+        buf = _Buffer(key, rank, handle, device,
+                      torch.zeros(n, device=device) if held else None, in_collective)
         if saved is not None:
-            residual = None if n == 0 else saved["residual"].to(device, torch.float32)
-            buf = _Buffer(key, rank, residual, saved["step"])
+            if in_collective:
+                empty = torch.empty(0, device=device)
+                handle.load_state(saved["residual"].to(device, torch.float32).contiguous(),
+                                  empty, saved["step"])
+            else:
+                if held:
+                    buf.residual.copy_(saved["residual"])
+                handle.step = saved["step"]
             self._stats["feedback_loaded"] += 1
-        else:
-            buf = _Buffer(key, rank, None if n == 0 else torch.zeros(n, device=device))
         self._buffers[key] = buf
         return buf
 
@@ -277,11 +309,13 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         step) and the feedback state (a host copy; None for "none"), the options, and the
         module's parameter shapes (``layout``). Synchronises the device: the state is
         written on the stream FSDP runs its reduce-scatter on."""
-        if any(b.residual is not None and b.residual.is_cuda for b in self._buffers.values()):
-            torch.cuda.synchronize()
-        buffers = [dict(_key_dict(b.key), rank=b.rank, step=b.step,
-                        residual=None if b.residual is None else b.residual.cpu())
-                   for b in self._buffers.values()]
+        if any(b.bytes() and b.device.type == "cuda" for b in self._buffers.values()):
+            torch.cuda.synchronize()  # before the copies: the state is complete
+        buffers = []
+        for b in self._buffers.values():
+            state = b.state()
+            buffers.append(dict(_key_dict(b.key), rank=b.rank, step=b.step,
+                                residual=None if state is None else state.cpu()))
         buffers += list(self._loaded.values())  # loaded, not yet called: kept as they came
         return {"version": 1, "kind": "lowbit_torch.ReduceScatter", "buffers": buffers,
                 "layout": self.layout,
@@ -308,11 +342,6 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         if _layout_differs(state.get("layout"), self.layout):
             self._stats["feedback_dropped_on_load"] += len(self._loaded)
             self._loaded = {}
-        if self.rounding == "stochastic" and any(b["step"] for b in self._loaded.values()):
-            warnings.warn("lowbit_torch.ReduceScatter: stochastic rounding's draws restart "
-                          "from step 0 after a load (the extension's ShardCollective does not "
-                          "expose its step): the resumed run is not bit-identical to the "
-                          "saved one", stacklevel=2)
 
 
 def _layout_differs(saved, mine):

@@ -1,7 +1,10 @@
 """FSDP2's ReduceScatter feedback on the CPU: P ranks simulated by threads in one process,
 the lowbit collective replaced by an exact reduce-scatter of a stand-in codec (a
 blockwise absmax quantizer; what matters is that the collective and the feedback's
-recomputation quantize the same way, as the real kernels do). No extension, no GPU.
+recomputation quantize the same way, as the real kernels do). The stand-in has the
+extension's ShardCollective's step and state accessors, and built with "residual" it
+applies lowbit's residual rule itself (c = x + e in fp32, frame Q(c), e = c - D(Q(c))),
+as lowbit's reduce_scatter does. No extension, no GPU.
 
 What they check: the feedback state's size per mode (shard: the padded shard; residual:
 P of them; none: nothing) and stats()'s count of it, the feedback rules against a
@@ -46,26 +49,47 @@ class FakeGroup:
 class FakeWorld:
     """The collective of every simulated rank: run() waits for all P inputs, then each
     rank writes its own chunk's average of the P decoded chunks (fp32 sum, rounded once
-    to the output's dtype), as lowbit's reduce_scatter does."""
+    to the output's dtype), as lowbit's reduce_scatter does. A handle built with feedback
+    "residual" quantizes c = x + e (fp32) and keeps e = c - D(Q(c)) over its max_count
+    values; every handle counts its calls in ``step``, settable, as ShardCollective's."""
 
     def __init__(self, world):
         self.world = world
         self.inputs = {}
         self.barrier = threading.Barrier(world)
 
-    def handle(self, rank):
+    def handle(self, rank, max_count=0, feedback="none"):
         world = self
 
         class Handle:
+            def __init__(self):
+                self.step, self.max_count = 0, max_count
+                self.e = torch.zeros(max_count) if feedback == "residual" else None
+
             def run(self, src, dst):
-                world.inputs[rank] = src.clone()
+                c = src if self.e is None else src.float() + self.e[:src.numel()]
+                world.inputs[rank] = c.clone()
                 world.barrier.wait()
                 padded = dst.numel()
                 acc = torch.zeros(padded)
                 for r in range(world.world):
                     acc += fake_roundtrip(world.inputs[r][rank * padded:(rank + 1) * padded])
                 dst.copy_((acc / world.world).to(dst.dtype))
+                if self.e is not None:
+                    self.e[:c.numel()] = c - fake_roundtrip(c)
+                self.step += 1
                 world.barrier.wait()  # every rank has read the inputs before the next call
+
+            def worker_state(self, count):
+                return None if self.e is None else self.e[:count].clone()
+
+            def load_state(self, worker, replicated, step):
+                assert replicated.numel() == 0
+                if self.e is None:
+                    assert worker.numel() == 0
+                else:
+                    self.e[:worker.numel()] = worker
+                self.step = step
 
         return Handle()
 
@@ -84,7 +108,8 @@ def make_ranks(world, **options):
     ranks = []
     for r in range(world):
         rs = fsdp.ReduceScatter(**options)
-        rs._new_collective = (lambda rr: lambda group, key: fw.handle(rr))(r)
+        rs._new_collective = (lambda rr, rs: lambda group, key: fw.handle(
+            rr, key[0] * key[1], rs._collective_feedback(key[0])))(r, rs)
         rs._fake_world = fw
         ranks.append(rs)
     return ranks
@@ -154,8 +179,11 @@ def test_one_rank_keeps_no_state_and_its_output_is_its_input(no_extension):
     """One rank's collective copies (nothing is quantized): feedback would only add a
     residual of a quantization that never happened."""
     class Copy:
+        step = 0
+
         def run(self, src, dst):
             dst.copy_(src)
+            self.step += 1
 
     rs = fsdp.ReduceScatter()
     rs._new_collective = lambda group, key: Copy()
@@ -206,12 +234,13 @@ def test_the_outputs_and_state_follow_the_feedback_rule(no_extension, feedback, 
     for r, rs in enumerate(ranks):
         (buf,) = rs._buffers.values()
         if feedback == "none":
-            assert buf.residual is None
+            assert buf.state() is None
         elif feedback == "shard":
-            assert torch.equal(buf.residual, e[r][r * chunk:(r + 1) * chunk])
-            assert buf.residual.abs().sum() > 0
-        else:
-            assert torch.equal(buf.residual, e[r])
+            assert torch.equal(buf.state(), e[r][r * chunk:(r + 1) * chunk])
+            assert buf.state().abs().sum() > 0
+        else:  # the collective's own
+            assert buf.residual is None and buf.in_collective
+            assert torch.equal(buf.state(), e[r])
 
 
 def test_shard_feedback_shrinks_the_accumulated_error_of_the_own_chunk(no_extension):
@@ -231,10 +260,11 @@ def test_shard_feedback_shrinks_the_accumulated_error_of_the_own_chunk(no_extens
     assert err["residual"] < err["shard"] < 0.8 * err["none"], err
 
 
+@pytest.mark.parametrize("feedback", ["shard", "residual"])
 @pytest.mark.parametrize("chunk", [256, 200])  # a whole number of blocks, and staged
-def test_fsdps_input_is_left_as_it_came(no_extension, chunk):
+def test_fsdps_input_is_left_as_it_came(no_extension, feedback, chunk):
     world = 2
-    ranks = make_ranks(world, feedback="shard")
+    ranks = make_ranks(world, feedback=feedback)
     xs = inputs_at(0, world, world * chunk)
     kept = [x.clone() for x in xs]
     for _ in range(2):
@@ -254,6 +284,29 @@ def test_bfloat16_feedback_is_taken_against_the_values_sent(no_extension):
     (buf,) = ranks[r]._buffers.values()
     assert buf.residual.dtype == torch.float32
     assert torch.equal(buf.residual, want)
+
+
+def test_residual_feedback_is_the_collectives_rule_in_fp32(no_extension):
+    """"residual" is lowbit's reduce_scatter's own rule: the collective quantizes
+    c = x + e in fp32, not c rounded to the gradient's dtype as "shard" sends it, and
+    keeps e = c - D(Q(c)) over the whole padded buffer; nothing of it is in torch."""
+    world, chunk = 2, 200
+    padded = whole_blocks(chunk)
+    ranks = make_ranks(world, feedback="residual")
+    steps = [inputs_at(s, world, world * chunk, torch.bfloat16) for s in range(2)]
+    for xs in steps:
+        run_step(ranks, [x.clone() for x in xs], torch.bfloat16)
+    r = 0
+    e = torch.zeros(world * padded)
+    for xs in steps:
+        x = torch.zeros(world, padded)
+        x[:, :chunk] = xs[r].float().view(world, chunk)
+        c = x.view(-1) + e
+        e = c - fake_roundtrip(c)
+    (buf,) = ranks[r]._buffers.values()
+    assert buf.residual is None and buf.in_collective
+    assert torch.equal(buf.state(), e)
+    assert ranks[r].stats()["feedback_bytes"] == 4 * world * padded
 
 
 def test_shard_feedback_refuses_stochastic_rounding():
@@ -310,6 +363,41 @@ def test_a_resume_continues_bit_identically(no_extension, feedback, world, chunk
     # Without the checkpoint's feedback the result differs: the state mattered.
     _, unloaded, _, _ = saved_and_resumed(world, chunk, feedback, load=False)
     assert not same(straight, unloaded)
+
+
+@pytest.mark.parametrize("feedback", ["none", "shard", "residual"])
+def test_a_resume_sets_the_collectives_step_and_state_without_a_warning(no_extension, feedback):
+    """The step goes back into each buffer's collective (stochastic rounding's key, so a
+    resume with stochastic rounding is bit-identical too) and "residual"'s state into the
+    collective's own feedback state; state_dict() reads both from the collective."""
+    import warnings
+
+    world, chunk = 2, 256
+    rounding = "nearest" if feedback == "shard" else "stochastic"
+    steps = [inputs_at(s, world, world * chunk) for s in range(4)]
+    ranks = make_ranks(world, feedback=feedback, rounding=rounding)
+    for xs in steps[:3]:
+        run_step(ranks, [x.clone() for x in xs])
+    saved = [rs.state_dict() for rs in ranks]
+    for rs, st in zip(ranks, saved):
+        (b,) = st["buffers"]
+        (buf,) = rs._buffers.values()
+        assert b["step"] == buf.handle.step == 3
+        if feedback == "residual":
+            assert torch.equal(b["residual"], buf.handle.e)
+    fresh = make_ranks(world, feedback=feedback, rounding=rounding)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rs, st in zip(fresh, saved):
+            rs.load_state_dict(st)
+    resumed = run_step(fresh, [x.clone() for x in steps[3]])
+    straight = run_step(ranks, [x.clone() for x in steps[3]])
+    assert same([straight], [resumed])
+    for a, b in zip(ranks, fresh):
+        (ba,), (bb,) = a._buffers.values(), b._buffers.values()
+        assert ba.handle.step == bb.handle.step == bb.step == 4
+        if feedback != "none":
+            assert torch.equal(ba.state(), bb.state())
 
 
 def test_a_state_saved_under_other_parameter_shapes_is_dropped(no_extension):
