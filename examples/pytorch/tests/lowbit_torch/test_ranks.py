@@ -454,8 +454,10 @@ def test_fsdp_reduce_scatter_feedback_equals_the_codec_reference(ext, group, fee
     """Four steps of ReduceScatter against the feedback rule written out with the codec
     functions: every rank's chunks zero-padded to whole blocks, c = x + e on the own chunk
     (shard) or on all (residual), each chunk decoded, the own chunk's P frames summed in
-    rank order in fp32, times 1/P, rounded once. The output and this rank's state equal
-    the reference's; the state is the padded shard (shard) or P of them (residual); FSDP's
+    rank order in fp32, times 1/P, rounded once. "shard" sends c rounded to the gradient's
+    dtype (torch applies it around the collective); "residual" is lowbit's reduce_scatter's
+    own rule, which quantizes c in fp32. The output and this rank's state equal the
+    reference's; the state is the padded shard (shard) or P of them (residual); FSDP's
     input is left as it came."""
     rank, P = dist.get_rank(), WORLD
     padded = lowbit_torch.whole_blocks(chunk)
@@ -475,7 +477,7 @@ def test_fsdp_reduce_scatter_feedback_equals_the_codec_reference(ext, group, fee
             part = slice(None) if feedback == "residual" else slice(r * padded, (r + 1) * padded)
             if feedback != "none":
                 c[part] += e[r][part]
-            d = _codec_nearest(c.to(dtype))
+            d = _codec_nearest(c if feedback == "residual" else c.to(dtype))
             if feedback != "none":
                 e[r][part] = (c - d)[part]
             acc += d[mine]
@@ -484,13 +486,15 @@ def test_fsdp_reduce_scatter_feedback_equals_the_codec_reference(ext, group, fee
         assert torch.equal(x, kept)
     (buf,) = rs._buffers.values()
     if feedback == "none":
-        assert buf.residual is None
+        assert buf.state() is None
     elif feedback == "shard":
         assert buf.residual.numel() == padded
-        assert torch.equal(buf.residual, e[rank][mine])
-    else:
-        assert buf.residual.numel() == P * padded
-        assert torch.equal(buf.residual, e[rank])
+        assert torch.equal(buf.state(), e[rank][mine])
+    else:  # the collective's own state
+        assert buf.residual is None and buf.in_collective
+        assert buf.state().numel() == P * padded
+        assert torch.equal(buf.state(), e[rank])
+    assert buf.step == 4
     assert rs.stats()["feedback_bytes"] == lowbit_torch.feedback_bytes(feedback, P, chunk)
 
 
@@ -541,42 +545,49 @@ def _fsdp_batch(step):
     return torch.randn(64, 96, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
 
 
+def _fsdp_run(saved, first, steps, load_lowbit=True, **reduce_scatter):
+    """FSDP2 training steps [first, first + steps) with lowbit's collectives
+    (``reduce_scatter``: ReduceScatter's options). From scratch (saved None) it takes a
+    checkpoint before step 3: this rank's parameter shards, the optimizer, every
+    ReduceScatter's state; else it starts from ``saved``, loading lowbit's state unless
+    load_lowbit is False. Returns (this rank's parameters, the checkpoint, the model)."""
+    import copy
+
+    model = _model()
+    _fully_shard(model, **reduce_scatter)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if saved is not None:
+        # A copy: the optimizer keeps the tensors it loads and updates them in place,
+        # which would leave a later run from the same checkpoint another start.
+        params, opt_state, lowbit_state = copy.deepcopy(saved)
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), params):
+                p.to_local().copy_(q)
+        opt.load_state_dict(opt_state)
+        if load_lowbit:
+            lowbit_torch.load_fsdp_state_dict(model, lowbit_state)
+    checkpoint = None
+    for step in range(first, first + steps):
+        if step == 3 and saved is None:
+            checkpoint = ([p.detach().to_local().clone() for p in model.parameters()],
+                          copy.deepcopy(opt.state_dict()),
+                          lowbit_torch.fsdp_state_dict(model))
+        x, y = _fsdp_batch(step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    local = torch.cat([p.detach().to_local().reshape(-1) for p in model.parameters()])
+    return local, checkpoint, model
+
+
 @pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
 def test_a_resumed_fsdp_run_continues_bit_identically(ext, group):
     """Three steps, a checkpoint (this rank's parameter shards, the optimizer, every
     ReduceScatter's state), two more steps; then a fresh model, FSDP, optimizer and
     collectives loaded from the checkpoint run the same two steps: the same bits on every
     rank. Fresh feedback instead of the checkpoint's gives other bits: the state mattered."""
-    import copy
-
-    def run(saved, first, steps, load_lowbit=True):
-        model = _model()
-        _fully_shard(model)  # the default feedback, "shard"
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        if saved is not None:
-            # A copy: the optimizer keeps the tensors it loads and updates them in place,
-            # which would leave a later run from the same checkpoint another start.
-            params, opt_state, lowbit_state = copy.deepcopy(saved)
-            with torch.no_grad():
-                for p, q in zip(model.parameters(), params):
-                    p.to_local().copy_(q)
-            opt.load_state_dict(opt_state)
-            if load_lowbit:
-                lowbit_torch.load_fsdp_state_dict(model, lowbit_state)
-        checkpoint = None
-        for step in range(first, first + steps):
-            if step == 3 and saved is None:
-                checkpoint = ([p.detach().to_local().clone() for p in model.parameters()],
-                              copy.deepcopy(opt.state_dict()),
-                              lowbit_torch.fsdp_state_dict(model))
-            x, y = _fsdp_batch(step)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        torch.cuda.synchronize()
-        local = torch.cat([p.detach().to_local().reshape(-1) for p in model.parameters()])
-        return local, checkpoint, model
-
+    run = _fsdp_run  # the default feedback, "shard"
     straight, saved, _ = run(None, 0, 5)
     lowbit_state = saved[2]
     buffers = [b for s in lowbit_state.values() for b in s["buffers"]]
@@ -591,6 +602,76 @@ def test_a_resumed_fsdp_run_continues_bit_identically(ext, group):
     assert torch.equal(resumed, straight)
     fresh, _, _ = run(saved, 3, 2, load_lowbit=False)
     assert not torch.equal(fresh, straight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fsdp_residual_feedback_with_stochastic_rounding_equals_the_codec_reference(ext, group,
+                                                                                   dtype):
+    """"residual" is lowbit's reduce_scatter with feedback::residual: four steps against
+    its rule written out with the codec functions at stochastic rounding, keyed as the
+    collective keys its stage-0 frames (seed, the call's step, the sender's rank, the
+    value's index in the padded buffer): c = x + e in fp32, frame Q(c), e = c - D(Q(c)).
+    The output, the collective's state (read through ShardCollective.worker_state) and its
+    step equal the reference's; no torch-side state is kept."""
+    rank, P, chunk, seed, bits = dist.get_rank(), WORLD, 1000, 11, 2
+    padded = lowbit_torch.whole_blocks(chunk)
+    rs = lowbit_torch.ReduceScatter(bits=bits, grid="zero", rounding="stochastic",
+                                    feedback="residual", seed=seed)
+    e = [torch.zeros(P * padded, device="cuda") for _ in range(P)]
+    mine = slice(rank * padded, (rank + 1) * padded)
+    for step in range(4):
+        x = _inputs(P * chunk, dtype, rank, seed=60 + step)
+        kept = x.clone()
+        out = torch.empty(chunk, dtype=dtype, device="cuda")
+        rs(out, x, dist.group.WORLD, dist.ReduceOp.AVG)
+        acc = torch.zeros(padded, device="cuda")
+        for r, xr in enumerate(_gathered(x)):
+            c = torch.zeros(P, padded, dtype=dtype, device="cuda")
+            c[:, :chunk] = xr.view(P, chunk)
+            c = c.view(-1).float() + e[r]
+            f = lowbit_torch.encode(c, bits, "zero", "stochastic", seed=seed, step=step, rank=r)
+            d = lowbit_torch.decode(f, c.numel(), bits, "zero", torch.float32)
+            e[r] = c - d
+            acc += d[mine]
+        want = (acc * (1.0 / P)).to(dtype)[:chunk]
+        assert torch.equal(out, want), step
+        assert torch.equal(x, kept)
+    (buf,) = rs._buffers.values()
+    assert buf.residual is None and buf.in_collective and buf.handle.step == 4
+    assert torch.equal(buf.handle.worker_state(P * padded), e[rank])
+    assert rs.stats()["feedback_bytes"] == lowbit_torch.feedback_bytes("residual", P, chunk)
+
+
+@pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
+def test_a_resumed_fsdp_run_with_residual_and_stochastic_rounding_is_bit_identical(ext, group):
+    """The resume of test_a_resumed_fsdp_run_continues_bit_identically with
+    feedback="residual" and stochastic rounding: the collective's own state and its step
+    are saved and go back into the fresh collectives (no warning), so the resumed run's
+    draws and feedback are the saved run's: the same bits. Fresh feedback, or the step
+    left at 0, gives other bits: both mattered."""
+    import warnings
+
+    options = {"feedback": "residual", "rounding": "stochastic", "seed": 3}
+    straight, saved, _ = _fsdp_run(None, 0, 5, **options)
+    buffers = [b for s in saved[2].values() for b in s["buffers"]]
+    assert len(buffers) == 3 and all(b["step"] == 3 for b in buffers)
+    assert all(b["residual"].numel() == b["world"] * b["padded"] for b in buffers)
+    assert all(b["residual"].abs().sum() > 0 for b in buffers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        resumed, _, model = _fsdp_run(saved, 3, 2, **options)
+    for _, rs in lowbit_torch.fsdp.reduce_scatters(model):
+        for buf in rs._buffers.values():
+            assert buf.in_collective and buf.handle.step == 5
+        assert rs.stats().get("feedback_dropped_on_load", 0) == 0
+    assert torch.equal(resumed, straight)
+    fresh, _, _ = _fsdp_run(saved, 3, 2, load_lowbit=False, **options)
+    assert not torch.equal(fresh, straight)
+    step0 = (saved[0], saved[1],
+             {name: dict(s, buffers=[dict(b, step=0) for b in s["buffers"]])
+              for name, s in saved[2].items()})
+    restarted, _, _ = _fsdp_run(step0, 3, 2, **options)
+    assert not torch.equal(restarted, straight)
 
 
 # ------------------------------------------------------- last: a call that fails
