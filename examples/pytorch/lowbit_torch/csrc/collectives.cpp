@@ -105,7 +105,7 @@ at::Tensor replicated_state_of(stateful_core& core, std::int64_t count) {
 }
 
 void set_step_of(stateful_core& core, std::int64_t step) {
-  core.set_step(checked_step(step, "step"));
+  core.set_step(checked_step(step, "set_step"));
 }
 
 void load_state_of(stateful_core& core, const at::Tensor& worker, const at::Tensor& replicated,
