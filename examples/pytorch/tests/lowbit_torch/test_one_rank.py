@@ -118,6 +118,43 @@ def test_fsdp_collectives_follow_torchs_contract(ext, one_rank_group, dtype, cou
     assert rs.calls == 2 and ag.calls == 1
 
 
+def test_shard_collective_exposes_its_step_and_feedback_state(ext, one_rank_group):
+    """ShardCollective's step (readable, settable) and feedback state, as AllReduce's: a
+    reduce_scatter with the residual rule keeps max_count fp32 values (zero on one rank,
+    whose call copies), loaded and zeroed through the handle; without feedback, and for
+    all_gather, there is none. Not yet run on a GPU."""
+    comm, n = lowbit_torch.communicator(), 1024
+    empty = torch.empty(0, device="cuda")
+    h = ext.ShardCollective.reduce_scatter(comm, torch.float32, n, 4, "zero", "stochastic",
+                                           "residual", True, 0)
+    assert h.step == 0
+    x = torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    h.run(x, out)
+    assert h.step == 1 and torch.equal(out, x)
+    h.step = 41
+    assert h.step == 41
+    e = h.worker_state(n)
+    assert e.dtype == torch.float32 and e.numel() == n and torch.count_nonzero(e) == 0
+    assert h.replicated_state(n) is None
+    want = torch.randn(n, device="cuda")
+    h.load_state(want, empty, 7)
+    assert torch.equal(h.worker_state(n), want) and h.step == 7
+    h.reset_feedback()
+    assert torch.count_nonzero(h.worker_state(n)) == 0
+    with pytest.raises(ValueError, match="outside"):
+        h.step = -1
+    with pytest.raises(ValueError, match="max_count"):
+        h.load_state(torch.zeros(n + 1, device="cuda"), empty, 0)
+    none = ext.ShardCollective.reduce_scatter(comm, torch.float32, n, 4, "zero", "nearest",
+                                              "none", True, 0)
+    assert none.worker_state(n) is None
+    with pytest.raises(ValueError, match="no such state"):
+        none.load_state(want, empty, 0)
+    ag = ext.ShardCollective.all_gather(comm, torch.float32, n, 8, "full", "nearest", 0)
+    assert ag.worker_state(n) is None and ag.step == 0
+
+
 def test_apply_fsdp_sets_every_module(ext, one_rank_group, fully_shard_with_lowbit):
     batches = _batches("cuda")
     reference = _train(_model().cuda(), batches)
