@@ -657,9 +657,10 @@ def test_a_resumed_fsdp_run_with_residual_and_stochastic_rounding_is_bit_identic
     assert len(buffers) == 3 and all(b["step"] == 3 for b in buffers)
     assert all(b["residual"].numel() == b["world"] * b["padded"] for b in buffers)
     assert all(b["residual"].abs().sum() > 0 for b in buffers)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         resumed, _, model = _fsdp_run(saved, 3, 2, **options)
+    assert not [w for w in caught if "lowbit_torch" in str(w.message)]
     for _, rs in lowbit_torch.fsdp.reduce_scatters(model):
         for buf in rs._buffers.values():
             assert buf.in_collective and buf.handle.step == 5
