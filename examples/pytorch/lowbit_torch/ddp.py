@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ._build import collectives as extension
 from ._build import feedback_rules as _compiled_rules
+from ._state import check_state_options
 from .codec import frame_bytes, whole_blocks
 from .comm import communicator
 from .defaults import gradient_grid
@@ -303,13 +304,7 @@ class DDPState:
         built at the checkpoint's size, so the first steps after the resume reuse it, as the
         run that was saved would have. A plan's bits need the model (``DDPState(model=...)``).
         """
-        if state.get("version") != 1:
-            raise ValueError("lowbit_torch.DDPState.load_state_dict: not a DDPState state_dict "
-                             f"(version {state.get('version')!r})")
-        for k in self._STATE_OPTIONS:
-            if state[k] != getattr(self, k):
-                raise ValueError(f"lowbit_torch.DDPState.load_state_dict: the checkpoint has "
-                                 f"{k}={state[k]!r}, this state {k}={getattr(self, k)!r}")
+        check_state_options("DDPState", state, self, this="state")
         self.bits = state["bits"]  # checked; a plan is mapped onto self.model
         self._bucket_bits = dict(state.get("bucket_bits", {}))
         self._calibrated = dict(state["calibrated"])

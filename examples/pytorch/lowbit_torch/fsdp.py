@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover
     _AllGatherBase = _ReduceScatterBase = object
 
 from ._build import collectives as extension
+from ._state import check_state_options
 from .comm import communicator
 from .codec import decode, encode, frame_bytes, whole_blocks
 from .defaults import gradient_grid
@@ -328,13 +329,7 @@ class ReduceScatter(_Handles, _ReduceScatterBase):
         shape this module does not call with, is dropped and counted
         (``stats()["feedback_dropped_on_load"]``): that buffer starts with fresh feedback
         rather than another one's residual."""
-        if state.get("version") != 1 or state.get("kind") != "lowbit_torch.ReduceScatter":
-            raise ValueError("lowbit_torch.ReduceScatter.load_state_dict: not a ReduceScatter "
-                             f"state_dict (version {state.get('version')!r})")
-        for k in self._STATE_OPTIONS:
-            if state[k] != getattr(self, k):
-                raise ValueError(f"lowbit_torch.ReduceScatter.load_state_dict: the checkpoint "
-                                 f"has {k}={state[k]!r}, this object {k}={getattr(self, k)!r}")
+        check_state_options("ReduceScatter", state, self, kind="lowbit_torch.ReduceScatter")
         if self._buffers:
             raise RuntimeError("lowbit_torch.ReduceScatter.load_state_dict: load before the "
                                "first call (this object already holds feedback state)")
