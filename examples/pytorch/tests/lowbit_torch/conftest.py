@@ -55,19 +55,19 @@ def one_rank_group(cuda, ext):
 @pytest.fixture
 def fully_shard_with_lowbit():
     """fully_shard on each Linear and on the model, then lowbit's collectives on every
-    FSDP module (4-bit reduce-scatter, 8-bit all-gather); returns how many modules were
-    set."""
+    FSDP module (4-bit reduce-scatter, 8-bit all-gather; ``reduce_scatter``: other
+    ReduceScatter options); returns how many modules were set."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
     import lowbit_torch
 
-    def apply(model):
+    def apply(model, **reduce_scatter):
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
         fully_shard(model)
-        return lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4},
+        return lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4, **reduce_scatter},
                                        all_gather={"bits": 8})
 
     return apply

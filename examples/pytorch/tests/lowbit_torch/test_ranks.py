@@ -26,6 +26,7 @@ nccl forces the choice.
   feedback (none, shard, residual) equal to a codec reference, the default's state the
   size of the shard, and a run resumed from fsdp_state_dict() bit-identical."""
 
+import functools
 import os
 
 import pytest
@@ -498,19 +499,9 @@ def test_fsdp_reduce_scatter_feedback_equals_the_codec_reference(ext, group, fee
     assert rs.stats()["feedback_bytes"] == lowbit_torch.feedback_bytes(feedback, P, chunk)
 
 
-def _fully_shard(model, **reduce_scatter):
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    return lowbit_torch.apply_fsdp(model, reduce_scatter={"bits": 4, **reduce_scatter},
-                                   all_gather={"bits": 8})
-
-
 @pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
-def test_fsdp_default_feedback_holds_a_shard_not_the_unsharded_buffer(ext, group):
+def test_fsdp_default_feedback_holds_a_shard_not_the_unsharded_buffer(ext, group,
+                                                                      fully_shard_with_lowbit):
     """After training, every module's feedback bytes are its padded shard x 4: within a
     block and FSDP's dim-0 padding of (its parameters' numel / P) x 4, and P times less
     than feedback="residual" holds for the same modules."""
@@ -518,7 +509,7 @@ def test_fsdp_default_feedback_holds_a_shard_not_the_unsharded_buffer(ext, group
     held, models = {}, {}
     for feedback in ("shard", "residual"):
         model = models[feedback] = _model()
-        _fully_shard(model, feedback=feedback)
+        fully_shard_with_lowbit(model, feedback=feedback)
         _train(model, steps=3)
         held[feedback] = dict(lowbit_torch.fsdp.reduce_scatters(model))
     modules = 0
@@ -545,16 +536,17 @@ def _fsdp_batch(step):
     return torch.randn(64, 96, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
 
 
-def _fsdp_run(saved, first, steps, load_lowbit=True, **reduce_scatter):
-    """FSDP2 training steps [first, first + steps) with lowbit's collectives
-    (``reduce_scatter``: ReduceScatter's options). From scratch (saved None) it takes a
-    checkpoint before step 3: this rank's parameter shards, the optimizer, every
-    ReduceScatter's state; else it starts from ``saved``, loading lowbit's state unless
-    load_lowbit is False. Returns (this rank's parameters, the checkpoint, the model)."""
+def _fsdp_run(shard, saved, first, steps, load_lowbit=True, **reduce_scatter):
+    """FSDP2 training steps [first, first + steps) with lowbit's collectives, set by
+    ``shard`` (the fully_shard_with_lowbit fixture; ``reduce_scatter``: ReduceScatter's
+    options). From scratch (saved None) it takes a checkpoint before step 3: this rank's
+    parameter shards, the optimizer, every ReduceScatter's state; else it starts from
+    ``saved``, loading lowbit's state unless load_lowbit is False. Returns (this rank's
+    parameters, the checkpoint, the model)."""
     import copy
 
     model = _model()
-    _fully_shard(model, **reduce_scatter)
+    shard(model, **reduce_scatter)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if saved is not None:
         # A copy: the optimizer keeps the tensors it loads and updates them in place,
@@ -582,12 +574,12 @@ def _fsdp_run(saved, first, steps, load_lowbit=True, **reduce_scatter):
 
 
 @pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
-def test_a_resumed_fsdp_run_continues_bit_identically(ext, group):
+def test_a_resumed_fsdp_run_continues_bit_identically(ext, group, fully_shard_with_lowbit):
     """Three steps, a checkpoint (this rank's parameter shards, the optimizer, every
     ReduceScatter's state), two more steps; then a fresh model, FSDP, optimizer and
     collectives loaded from the checkpoint run the same two steps: the same bits on every
     rank. Fresh feedback instead of the checkpoint's gives other bits: the state mattered."""
-    run = _fsdp_run  # the default feedback, "shard"
+    run = functools.partial(_fsdp_run, fully_shard_with_lowbit)  # the default feedback, "shard"
     straight, saved, _ = run(None, 0, 5)
     lowbit_state = saved[2]
     buffers = [b for s in lowbit_state.values() for b in s["buffers"]]
@@ -643,7 +635,8 @@ def test_fsdp_residual_feedback_with_stochastic_rounding_equals_the_codec_refere
 
 
 @pytest.mark.skipif(WORLD not in (2, 4), reason="FSDP2 runs at P = 2 and 4")
-def test_a_resumed_fsdp_run_with_residual_and_stochastic_rounding_is_bit_identical(ext, group):
+def test_a_resumed_fsdp_run_with_residual_and_stochastic_rounding_is_bit_identical(
+        ext, group, fully_shard_with_lowbit):
     """The resume of test_a_resumed_fsdp_run_continues_bit_identically with
     feedback="residual" and stochastic rounding: the collective's own state and its step
     are saved and go back into the fresh collectives (no warning), so the resumed run's
@@ -652,26 +645,27 @@ def test_a_resumed_fsdp_run_with_residual_and_stochastic_rounding_is_bit_identic
     import warnings
 
     options = {"feedback": "residual", "rounding": "stochastic", "seed": 3}
-    straight, saved, _ = _fsdp_run(None, 0, 5, **options)
+    run = functools.partial(_fsdp_run, fully_shard_with_lowbit)
+    straight, saved, _ = run(None, 0, 5, **options)
     buffers = [b for s in saved[2].values() for b in s["buffers"]]
     assert len(buffers) == 3 and all(b["step"] == 3 for b in buffers)
     assert all(b["residual"].numel() == b["world"] * b["padded"] for b in buffers)
     assert all(b["residual"].abs().sum() > 0 for b in buffers)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed, _, model = _fsdp_run(saved, 3, 2, **options)
+        resumed, _, model = run(saved, 3, 2, **options)
     assert not [w for w in caught if "lowbit_torch" in str(w.message)]
     for _, rs in lowbit_torch.fsdp.reduce_scatters(model):
         for buf in rs._buffers.values():
             assert buf.in_collective and buf.handle.step == 5
         assert rs.stats().get("feedback_dropped_on_load", 0) == 0
     assert torch.equal(resumed, straight)
-    fresh, _, _ = _fsdp_run(saved, 3, 2, load_lowbit=False, **options)
+    fresh, _, _ = run(saved, 3, 2, load_lowbit=False, **options)
     assert not torch.equal(fresh, straight)
     step0 = (saved[0], saved[1],
              {name: dict(s, buffers=[dict(b, step=0) for b in s["buffers"]])
               for name, s in saved[2].items()})
-    restarted, _, _ = _fsdp_run(step0, 3, 2, **options)
+    restarted, _, _ = run(step0, 3, 2, **options)
     assert not torch.equal(restarted, straight)
 
 
