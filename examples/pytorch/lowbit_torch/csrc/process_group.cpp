@@ -401,7 +401,10 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(c10::intrusive_ptr<c10d::Ba
 
 void bind_process_group(pybind11::module_& m) {
   namespace py = pybind11;
-  py::class_<route_table>(m, "RouteTable")
+  // module_local: the tests build this file into a second module (the host half alone) in
+  // the same process as the extension; pybind11 registers a C++ type once per process
+  // unless it is local, and the second import would fail ("already registered").
+  py::class_<route_table>(m, "RouteTable", py::module_local())
       .def(py::init([](std::vector<at::ScalarType> all_reduce,
                        std::vector<at::ScalarType> reduce_scatter,
                        std::vector<at::ScalarType> all_gather, std::int64_t min_bytes) {
@@ -423,7 +426,8 @@ void bind_process_group(pybind11::module_& m) {
           py::arg("op"), py::arg("dtype"), py::arg("nbytes"), py::arg("reduce"))
       .def_readonly("min_bytes", &route_table::min_bytes);
 
-  py::class_<lowbit_collectives, std::shared_ptr<lowbit_collectives>>(m, "LowbitCollectives")
+  py::class_<lowbit_collectives, std::shared_ptr<lowbit_collectives>>(m, "LowbitCollectives",
+                                                                      py::module_local())
       .def_property_readonly("backend", &lowbit_collectives::backend);
 
   m.def(

@@ -252,25 +252,41 @@ def _compiler():
 _HOST_MODULE = "lowbit_torch_process_group_host"
 
 
-@pytest.fixture(scope="module")
-def host_module():
-    """csrc/process_group.cpp and a module binding it, built against this torch (cached in
-    torch's extensions folder, $TORCH_EXTENSIONS_DIR or its default); returns (the
-    module, the folder holding it)."""
+def _build_host(name):
+    """csrc/process_group.cpp and a module binding it, built as `name` against this torch
+    (cached in torch's extensions folder, $TORCH_EXTENSIONS_DIR or its default); returns
+    (the module, the folder holding it)."""
     if _compiler() is None or shutil.which("ninja") is None:
         pytest.skip("no C++ compiler or ninja to build the backend's host half")
     from torch.utils.cpp_extension import get_default_build_root, load
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    build = os.path.join(root, _HOST_MODULE)
+    build = os.path.join(root, name)
     os.makedirs(build, exist_ok=True)
     with _build.build_environment():
-        module = load(name=_HOST_MODULE,
+        module = load(name=name,
                       sources=[os.path.join(_build.CSRC, "process_group.cpp"),
                                os.path.join(_HERE, "process_group_module.cpp")],
                       extra_include_paths=[_build.CSRC],
                       extra_cflags=[_build.cxx_standard(), "-O1"], build_directory=build)
     return module, build
+
+
+@pytest.fixture(scope="module")
+def host_module():
+    """The backend's host half built as a module of its own: (module, its folder)."""
+    return _build_host(_HOST_MODULE)
+
+
+def test_a_second_module_with_the_backends_classes_imports_beside_the_first(host_module):
+    # The extension and the tests' host module both bind process_group.cpp's classes in one
+    # process (pytest imports both); pybind11 refuses a second registration of a C++ type
+    # unless its binding is module-local, and every later test of the extension would fail.
+    twin, _ = _build_host(_HOST_MODULE + "_twin")
+    m, _ = host_module
+    for mod in (m, twin):
+        rt = mod.RouteTable([torch.float32], [], [], 0)
+        assert rt.takes("all_reduce", torch.float32, 4, "sum")
 
 
 def test_the_cpp_route_is_the_python_route(host_module):
