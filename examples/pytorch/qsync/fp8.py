@@ -14,6 +14,15 @@ precision the model holds them in (fp32): only the GEMM operands are fp8. The ou
 in ``CARRIER`` (bf16), the dtype an fp8 op hands the ops after it, and the GEMMs accumulate
 in fp32.
 
+Layouts: ``torch._scaled_mm`` takes its first operand row-major and its second
+column-major, so every operand is wanted in both layouts by one of its two GEMMs (the
+weight gradient reduces over the tokens, which x and dy hold as rows). ``cast`` writes an
+operand in fp8 and its transpose in one pass on CUDA (``csrc/fp8_cast.cu``, built just in
+time on first use), with the bits of ``quantize``, the torch expression it replaces; torch
+ops take five passes with fp32 temporaries and transpose 1-byte values far below memory
+bandwidth, which made the weight-gradient GEMM with its copies 3 to 6 times slower than
+bf16's (the GEMM table in docs/qsync.md).
+
 Which modules: ``nn.Linear`` and transformers' ``Conv1D`` (a linear with its weight stored
 transposed). Anything else at fp8 is refused by name (``Fp8Unsupported``), never run at
 another precision silently. ``torch._scaled_mm`` on CUDA wants the GEMM's dimensions to be
@@ -53,40 +62,93 @@ def quantize(t: torch.Tensor, fmt):
     return q, scale
 
 
-def _col_major(t: torch.Tensor) -> torch.Tensor:
-    """The same matrix stored column-major (what _scaled_mm wants of its second operand)."""
-    return t.t().contiguous().t()
+_CAST = {}  # device kind -> the fused cast's module, or the reason it is not there
+
+
+def _cast_module():
+    """The fused cast (csrc/fp8_cast.cu), built just in time once per process; None where
+    it cannot be built, with a warning naming why (the casts then run as torch ops: the
+    same bits, several times the memory traffic)."""
+    if "cuda" not in _CAST:
+        import os
+        import warnings
+
+        try:
+            from torch.utils.cpp_extension import load
+
+            here = os.path.dirname(os.path.abspath(__file__))
+            _CAST["cuda"] = load(name="qsync_fp8_cast",
+                                 sources=[os.path.join(here, "csrc", "fp8_cast.cu")],
+                                 extra_cuda_cflags=["-O3"], verbose=False)
+        except Exception as e:  # noqa: BLE001 (any build failure: reported, torch ops run)
+            warnings.warn("qsync fp8: the fused cast (csrc/fp8_cast.cu) did not build (%s); "
+                          "fp8 operands are cast by torch ops, several times slower"
+                          % str(e).splitlines()[0][:200])
+            _CAST["cuda"] = None
+    return _CAST["cuda"]
+
+
+def cast(t: torch.Tensor, fmt, transposed: bool = True):
+    """(q, q^T or None, scale) of a 2-D tensor: `quantize`'s bits, and the transpose laid
+    out row-major (what the other side of a GEMM wants). On CUDA one fused pass writes both
+    (csrc/fp8_cast.cu); a tensor whose transpose is contiguous (transformers' Conv1D
+    weight) is cast as that transpose with the outputs swapped, so no copy is made."""
+    if t.dim() != 2:
+        raise ValueError("qsync fp8: cast wants a 2-D tensor, got shape %s" % (tuple(t.shape),))
+    module = _cast_module() if t.is_cuda else None
+    if module is None:
+        q, scale = quantize(t, fmt)
+        return q, (q.t().contiguous() if transposed else None), scale
+    if not t.is_contiguous() and t.t().is_contiguous():
+        qt, q, scale = cast(t.t(), fmt, True)
+        return q, (qt if transposed else None), scale
+    t = t.contiguous()
+    mn, mx = torch.aminmax(t.detach())  # one pass; |x|'s max exactly, NaN kept
+    amax = torch.maximum(-mn, mx).float()
+    scale = torch.where(amax > 0, amax / MAX[fmt], torch.ones_like(amax))
+    q, qt = module.fp8_cast(t.detach(), scale, fmt, MAX[fmt], transposed)
+    return q, qt, scale
 
 
 def _mm(a, sa, b, sb, out_dtype):
-    """(a * sa) @ (b * sb) from fp8 operands, a row-major, b column-major."""
-    return torch._scaled_mm(a.contiguous(), _col_major(b), scale_a=sa, scale_b=sb,
-                            out_dtype=out_dtype)
+    """(a * sa) @ (b * sb) from fp8 operands, a row-major and b column-major (b.t()
+    contiguous), the layouts _scaled_mm takes; operands in other layouts are copied."""
+    if not a.is_contiguous():
+        a = a.contiguous()
+    if not b.t().is_contiguous():
+        b = b.t().contiguous().t()
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
 
 
 class _Fp8Linear(torch.autograd.Function):
+    # Each operand is cast once, in both layouts where its GEMMs need both: x (forward: as
+    # is; weight gradient: transposed), W (forward: as is; input gradient: transposed), dy
+    # (input gradient: as is; weight gradient: transposed).
     @staticmethod
     def forward(ctx, x, weight, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, sx = quantize(x2, E4M3)
-        wq, sw = quantize(weight, E4M3)
+        xq, xqt, sx = cast(x2, E4M3, transposed=ctx.needs_input_grad[1])
+        wq, wqt, sw = cast(weight, E4M3, transposed=ctx.needs_input_grad[0])
         y = _mm(xq, sx, wq.t(), sw, CARRIER)
         if bias is not None:
             y = y + bias.to(CARRIER)
-        ctx.save_for_backward(xq, sx, wq, sw)
+        ctx.save_for_backward(xqt, sx, wqt, sw)
         ctx.meta = (shape, x.dtype, weight.dtype, bias is not None,
                     None if bias is None else bias.dtype)
         return y.reshape(*shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        xq, sx, wq, sw = ctx.saved_tensors
+        xqt, sx, wqt, sw = ctx.saved_tensors
         shape, x_dtype, w_dtype, has_bias, b_dtype = ctx.meta
         g = dy.reshape(-1, dy.shape[-1])
-        gq, sg = quantize(g, E5M2)
-        dx = _mm(gq, sg, wq, sw, torch.float32).to(x_dtype).reshape(shape)
-        dw = _mm(gq.t(), sg, xq, sx, torch.float32).to(w_dtype)
+        gq, gqt, sg = cast(g, E5M2, transposed=ctx.needs_input_grad[1])
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = _mm(gq, sg, wqt.t(), sw, torch.float32).to(x_dtype).reshape(shape)
+        if ctx.needs_input_grad[1]:
+            dw = _mm(gqt, sg, xqt.t(), sx, torch.float32).to(w_dtype)
         db = g.float().sum(0).to(b_dtype) if has_bias else None
         return dx, dw, db
 

@@ -136,3 +136,87 @@ class Fp8Plans(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _fused_cast():
+    """The fused cast module where CUDA and _scaled_mm are here and it builds, else None."""
+    if DEVICE != "cuda":
+        return None
+    return fp8._cast_module()
+
+
+@unittest.skipIf(DEVICE != "cuda", "the fused cast is CUDA code (and needs fp8 on this GPU)")
+class FusedCast(unittest.TestCase):
+    """csrc/fp8_cast.cu against quantize(), the torch expression it replaces: the same bits
+    in both layouts, for every input dtype, both formats, ragged shapes and specials."""
+
+    def setUp(self):
+        if _fused_cast() is None:
+            self.fail("qsync fp8: the fused cast did not build on this CUDA machine")
+
+    def inputs(self):
+        g = torch.Generator(device="cuda").manual_seed(11)
+        for shape in [(1, 16), (67, 129), (64, 64), (300, 1000), (1024, 2048)]:
+            x = torch.randn(*shape, device="cuda", generator=g)
+            x[0, 0] *= 1e4  # outlier: most values far below amax, some near the subnormals
+            if shape[0] > 2 and shape[1] > 5:
+                x[1, :5] = torch.tensor([0.0, -0.0, 1e-30, -3e-8, 2.5], device="cuda")
+            yield x
+        yield torch.zeros(33, 65, device="cuda")  # amax 0: scale 1
+        special = torch.randn(40, 48, device="cuda", generator=g)
+        special[3, 3], special[7, 9] = float("nan"), float("inf")
+        yield special  # amax NaN: scale 1 (as torch's where), NaN stays, inf clamps to the max
+
+    def test_the_same_bits_as_quantize_in_both_layouts(self):
+        for x in self.inputs():
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                for fmt in (fp8.E4M3, fp8.E5M2):
+                    t = x.to(dtype)
+                    want, want_scale = fp8.quantize(t, fmt)
+                    q, qt, scale = fp8.cast(t, fmt, transposed=True)
+                    what = (tuple(t.shape), dtype, fmt)
+                    self.assertEqual(q.dtype, fmt)
+                    self.assertTrue(torch.equal(scale, want_scale) or
+                                    (scale.isnan().item() and want_scale.isnan().item()), what)
+                    self.assertTrue(torch.equal(q.view(torch.uint8), want.view(torch.uint8)), what)
+                    self.assertTrue(torch.equal(qt.view(torch.uint8),
+                                                want.t().contiguous().view(torch.uint8)), what)
+
+    def test_a_tensor_stored_transposed_is_cast_without_a_copy_and_the_same(self):
+        w = torch.randn(96, 160, device="cuda").t()  # a Conv1D weight: its .t() is contiguous
+        want, _ = fp8.quantize(w, fp8.E4M3)
+        q, qt, _ = fp8.cast(w, fp8.E4M3)
+        self.assertTrue(torch.equal(q.view(torch.uint8), want.view(torch.uint8)))
+        self.assertTrue(torch.equal(qt.view(torch.uint8), want.t().contiguous().view(torch.uint8)))
+
+    def test_bad_inputs_are_refused_by_name(self):
+        m = _fused_cast()
+        one = torch.ones((), device="cuda")
+        with self.assertRaisesRegex(Exception, "contiguous 2-D CUDA"):
+            m.fp8_cast(torch.ones(4, 4, 4, device="cuda"), one, fp8.E4M3, 448.0, True)
+        with self.assertRaisesRegex(Exception, "one fp32 value"):
+            m.fp8_cast(torch.ones(4, 4, device="cuda"), one.double(), fp8.E4M3, 448.0, True)
+        with self.assertRaisesRegex(Exception, "float8_e4m3fn or float8_e5m2"):
+            m.fp8_cast(torch.ones(4, 4, device="cuda"), one, torch.bfloat16, 448.0, True)
+
+    def test_the_linear_gives_the_torch_casts_bits(self):
+        # the fp8 linear with the fused cast and with the torch expression: identical outputs
+        # and gradients (the GEMMs get the same operands either way)
+        g = torch.Generator(device="cuda").manual_seed(5)
+        x0 = torch.randn(4, 24, 64, device="cuda", generator=g).bfloat16()
+        w0 = torch.randn(48, 64, device="cuda", generator=g) * 0.05
+        b0 = torch.randn(48, device="cuda", generator=g)
+        dy = torch.randn(4, 24, 48, device="cuda", generator=g).bfloat16()
+        results = []
+        saved = fp8._CAST.get("cuda")
+        try:
+            for module in (saved, None):
+                fp8._CAST["cuda"] = module
+                x, w, b = (t.clone().requires_grad_(True) for t in (x0, w0, b0))
+                y = fp8.linear(x, w, b)
+                y.backward(dy)
+                results.append((y, x.grad, w.grad, b.grad))
+        finally:
+            fp8._CAST["cuda"] = saved
+        for fused, torch_ops in zip(*results):
+            self.assertTrue(torch.equal(fused, torch_ops))

@@ -1,0 +1,123 @@
+// The fp8 linear's operand cast in one pass: q = fp8(clamp(x / scale, -max, max)), written
+// row-major and, optionally, transposed. torch's own expression of the same cast
+// ((x.float() / scale).clamp(...).to(fp8), then .t().contiguous() for the transposed
+// operand an fp8 GEMM wants) takes five passes with fp32 temporaries and a 1-byte
+// transpose copy that runs at a few percent of HBM bandwidth; the wgrad GEMM needs both of
+// its operands transposed, so those copies, not the GEMMs, set the fp8 linear's time.
+//
+// Bits: the same as torch's expression. The division is IEEE (x / s, round to nearest, as
+// torch's CUDA division), the clamp keeps NaN, and the conversion is c10's own
+// (c10::Float8_e4m3fn / c10::Float8_e5m2 from float, round to nearest even), the one
+// Tensor.to() runs.
+#include <torch/extension.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int tile = 64;     // a CTA's tile: tile x tile values
+constexpr int threads_x = 32;  // a warp along the columns, two columns a lane
+constexpr int threads_y = 8;   // rows y, y + 8, ..., y + 56
+
+template <typename F8>
+__device__ inline std::uint8_t cast(float x, float scale, float max) {
+  float v = x / scale;
+  // torch's clamp: NaN stays NaN (fminf/fmaxf would drop it)
+  v = v != v ? v : (v < -max ? -max : (v > max ? max : v));
+  return F8(v).x;
+}
+
+// One tile: load (coalesced along the row), cast, store row-major, and through shared
+// memory store the transpose (coalesced along its rows). Rows of the staging tile are
+// padded by 4 bytes so that the column reads of the transpose fall in distinct banks.
+template <typename T, typename F8>
+__global__ void __launch_bounds__(threads_x* threads_y)
+    cast_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                const float* __restrict__ scale_ptr, float max, std::uint8_t* __restrict__ q,
+                std::uint8_t* __restrict__ qt) {
+  __shared__ std::uint8_t staged[tile][tile + 4];
+  const float scale = *scale_ptr;
+  const std::int64_t row0 = std::int64_t(blockIdx.y) * tile;
+  const std::int64_t col0 = std::int64_t(blockIdx.x) * tile;
+  const int c = 2 * threadIdx.x;
+  for (int r = threadIdx.y; r < tile; r += threads_y) {
+    const std::int64_t row = row0 + r;
+    if (row >= rows) break;
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t col = col0 + c + k;
+      if (col >= cols) break;
+      const std::uint8_t b = cast<F8>(static_cast<float>(x[row * cols + col]), scale, max);
+      q[row * cols + col] = b;
+      staged[r][c + k] = b;
+    }
+  }
+  if (qt == nullptr) return;
+  __syncthreads();
+  // qt is [cols, rows]: its row col0 + r holds the tile's column r
+  for (int r = threadIdx.y; r < tile; r += threads_y) {
+    const std::int64_t trow = col0 + r;
+    if (trow >= cols) break;
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t tcol = row0 + c + k;
+      if (tcol >= rows) break;
+      qt[trow * rows + tcol] = staged[c + k][r];
+    }
+  }
+}
+
+template <typename F8>
+void launch(const at::Tensor& x, const at::Tensor& scale, double max, at::Tensor& q,
+            at::Tensor* qt) {
+  const std::int64_t rows = x.size(0), cols = x.size(1);
+  const dim3 grid((cols + tile - 1) / tile, (rows + tile - 1) / tile);
+  const dim3 block(threads_x, threads_y);
+  TORCH_CHECK(grid.y <= 65535, "qsync fp8_cast: ", rows, " rows are more than this kernel tiles");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  std::uint8_t* qp = static_cast<std::uint8_t*>(q.data_ptr());
+  std::uint8_t* qtp = qt ? static_cast<std::uint8_t*>(qt->data_ptr()) : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fp8_cast", [&] {
+    cast_kernel<scalar_t, F8><<<grid, block, 0, stream>>>(
+        x.data_ptr<scalar_t>(), rows, cols, scale.data_ptr<float>(), static_cast<float>(max), qp,
+        qtp);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// (q, q^T or None): x a contiguous 2-D CUDA tensor, scale a 0-d fp32 tensor on its device.
+std::vector<at::Tensor> fp8_cast(const at::Tensor& x, const at::Tensor& scale,
+                                 at::ScalarType fmt, double max, bool transposed) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
+              "qsync fp8_cast: x must be a contiguous 2-D CUDA tensor, got ", x.sizes(), " on ",
+              x.device());
+  TORCH_CHECK(scale.is_cuda() && scale.numel() == 1 && scale.scalar_type() == at::kFloat &&
+                  scale.device() == x.device(),
+              "qsync fp8_cast: scale must be one fp32 value on x's device");
+  TORCH_CHECK(fmt == at::kFloat8_e4m3fn || fmt == at::kFloat8_e5m2,
+              "qsync fp8_cast: the format must be float8_e4m3fn or float8_e5m2, got ", fmt);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto q = at::empty(x.sizes(), x.options().dtype(fmt));
+  std::vector<at::Tensor> out{q};
+  at::Tensor qt;
+  if (transposed) qt = at::empty({x.size(1), x.size(0)}, x.options().dtype(fmt));
+  if (x.numel() > 0) {
+    if (fmt == at::kFloat8_e4m3fn)
+      launch<c10::Float8_e4m3fn>(x, scale, max, q, transposed ? &qt : nullptr);
+    else
+      launch<c10::Float8_e5m2>(x, scale, max, q, transposed ? &qt : nullptr);
+  }
+  out.push_back(transposed ? qt : at::Tensor());
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fp8_cast", &fp8_cast, "fp8(clamp(x / scale)) row-major and optionally transposed",
+        pybind11::arg("x"), pybind11::arg("scale"), pybind11::arg("fmt"), pybind11::arg("max"),
+        pybind11::arg("transposed"));
+}
