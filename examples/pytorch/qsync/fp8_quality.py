@@ -486,7 +486,8 @@ def allocator_plans(args, case, src, model, model_json):
     mpath = qm.write_json(os.path.join(args.out, "%s.fp8menu.model.json" % case),
                           v.fp8_menu_model(model, model_json, ("bf16", "fp32")))
     cluster = qm.write_json(os.path.join(args.out, "fp8menu.cluster.json"),
-                            qm.cluster_json("H200", ("fp8", "bf16", "fp32")))
+                            qm.cluster_json(qm.device_base(getattr(args, "gpu", "")),
+                                            ("fp8", "bf16", "fp32")))
     plans = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = v.plan_args(src, case, tmp, precisions=("fp32", "bf16", "fp8"),
@@ -799,7 +800,8 @@ def main(argv=None):
         hw = "cpu (smoke: not a measurement%s), torch %s" % (
             "; fp8 as bf16 stand-ins" if args.fp8_standin else "", torch.__version__)
     else:
-        hw = "%s, torch %s" % (torch.cuda.get_device_name(0), torch.__version__)
+        args.gpu = torch.cuda.get_device_name(0)  # the allocator's device (its memory)
+        hw = "%s, torch %s" % (args.gpu, torch.__version__)
     facts = (time.strftime("%Y-%m-%d", time.gmtime()), args.commit or v.git_commit(), hw)
     log("%s; models %s; %d steps x %d seeds; part %d/%d" % (
         hw, ", ".join(args.models), args.steps, len(args.seeds), *args.part))

@@ -193,6 +193,20 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     return out
 
 
+#: the devices lowbit-plan knows (include/lowbit/qsync/device_profile.hpp), newest first
+KNOWN_DEVICES = ("H200", "H100", "A100", "V100", "T4")
+
+
+def device_base(gpu_name: str, default: str = "H200") -> str:
+    """lowbit-plan's device for a GPU as torch names it ("NVIDIA H100 80GB HBM3" -> "H100"),
+    `default` for a name it knows none of (a CPU smoke run's): the device sets what fits
+    in memory, so a plan made for another card's capacity is not the card's."""
+    for d in KNOWN_DEVICES:
+        if d in (gpu_name or "").upper():
+            return d
+    return default
+
+
 def cluster_json(device: str = "H200", precisions=("fp16", "bf16", "fp32")) -> dict:
     """A one-GPU cluster whose menu holds only what autocast can apply (no fp8, int8 or
     tf32), so the allocator's plans can be run."""

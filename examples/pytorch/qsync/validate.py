@@ -562,7 +562,9 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
         raise RuntimeError("no traces for %s under %s" % (name, tdir))
     # the menu: what was profiled and can be applied (autocast's, and fp8 where profiled)
     menu = tuple(p for p in ("fp8", "fp16", "bf16", "fp32") if p in found or p != "fp8")
-    cluster = qm.cluster_json("H200", menu)
+    env = os.path.join(out, "env.json")  # the GPU the profiles were taken on
+    gpu = qm.read_json(env).get("gpu", "") if os.path.exists(env) else ""
+    cluster = qm.cluster_json(qm.device_base(gpu), menu)
     probe = os.path.join(out, SWITCH_PROBE)  # what a precision switch costs, measured
     if os.path.exists(probe):
         cluster["groups"][0]["device"].update(qm.read_json(probe)["device"])

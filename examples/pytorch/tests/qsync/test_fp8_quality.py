@@ -366,3 +366,13 @@ class Smoke(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_the_allocators_device_is_the_gpu_the_profiles_ran_on():
+    from qsync import qsync_model as qm
+
+    assert qm.device_base("NVIDIA H100 80GB HBM3") == "H100"
+    assert qm.device_base("NVIDIA H200") == "H200"
+    assert qm.device_base("NVIDIA A100-SXM4-80GB") == "A100"
+    assert qm.device_base("cpu (smoke)") == "H200"  # a name it knows none of: the default
+    assert qm.device_base("", default="T4") == "T4"
