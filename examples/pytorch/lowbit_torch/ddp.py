@@ -17,6 +17,7 @@ collective. No host wait.
 """
 
 import collections
+import math
 
 import torch
 import torch.distributed as dist
@@ -98,6 +99,8 @@ class DDPState:
         self._bucket_bits = {}  # bucket index -> its bits at the last call
         self._layouts = {}  # bucket index -> its parameters' shapes, in the bucket's order
         self._loaded = {}  # bucket index -> the layout a loaded state was saved under
+        self._params = {}  # bucket index -> its parameters' ids, in order (this process)
+        self._carried = {}  # parameter id -> (worker, replicated, step) across a rebuild
         self._calibrated = {}  # (dtype, bits) -> (crossover bytes, largest size measured)
         self._stats = collections.Counter()
         self._streams = {}  # device index -> the hook's stream
@@ -192,6 +195,8 @@ class DDPState:
             self._stats["rebuilds"] += 1
         grid = self._grids[index] = self._grid(bits)
         h = self._buckets[index] = self._new_handle(tensor.dtype, tensor.numel(), grid)
+        if self._carried:
+            self._load_carried(index, h)
         return h
 
     def _crossover(self, h, tensor, bits):
@@ -321,13 +326,26 @@ class DDPState:
             self._loaded[index] = b.get("layout")
         torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
 
-    def note_layout(self, index, layout):
-        """Records bucket ``index``'s layout (its parameters' shapes, in order) as the hook
-        sees it. A state loaded for that index is kept only if it was saved under the same
-        layout: DDP's first iteration after a resume buckets by construction order, and
-        its later rebuild by gradient order, so an index may hold other parameters than
-        when it was saved. Such a state is dropped (the bucket starts with fresh feedback,
-        counted as ``feedback_dropped_on_load``) rather than added to other gradients."""
+    def note_layout(self, index, layout, parameters=None):
+        """Records bucket ``index``'s layout (its parameters' shapes, in order) and, given
+        ``parameters``, which parameters it holds.
+
+        DDP rebuilds its buckets after its first iteration, in the order gradients became
+        ready, and may put other parameters at an index of the same size: each bucket's
+        feedback state then follows its parameters (``_carry_over``) rather than staying at
+        its index, where it would be added to other gradients.
+
+        A state loaded for that index is kept only if it was saved under the same layout:
+        DDP's first iteration after a resume buckets by construction order, so an index
+        may hold other parameters than when it was saved (the process's parameter objects
+        are new, so the shapes are what can be compared). Such a state is dropped (the
+        bucket starts with fresh feedback, counted as ``feedback_dropped_on_load``)."""
+        if parameters is not None:
+            ids = [id(p) for p in parameters]
+            seen = self._params.get(index)
+            if seen is not None and seen != ids:
+                self._carry_over()
+            self._params[index] = ids
         self._layouts[index] = layout
         if index not in self._loaded:
             return
@@ -335,6 +353,53 @@ class DDPState:
         if saved is not None and [tuple(s) for s in saved] != layout:
             self._buckets.pop(index, None)
             self._stats["feedback_dropped_on_load"] += 1
+
+    def _carry_over(self):
+        """DDP has rebuilt its buckets: every bucket's feedback state is split into its
+        parameters' slices (by the layout its index had) and the collectives forgotten;
+        each bucket's new collective is loaded with its parameters' slices (_load_carried),
+        wherever DDP has put them. Runs on the hook's stream, after the last collective."""
+        if self.feedback != "none":
+            for index, h in self._buckets.items():
+                ids, shapes = self._params.get(index), self._layouts.get(index)
+                if ids is None or shapes is None:
+                    continue
+                worker = h.worker_state(h.max_count)
+                replicated = h.replicated_state(h.max_count)
+                offset = 0
+                for pid, shape in zip(ids, shapes):
+                    n = math.prod(shape)
+                    self._carried[pid] = tuple(
+                        None if t is None or t.numel() == 0 else t[offset:offset + n].clone()
+                        for t in (worker, replicated)) + (h.step,)
+                    offset += n
+        self._buckets.clear()
+        self._params.clear()
+        self._stats["layout_rebuilds"] += 1
+
+    def _load_carried(self, index, h):
+        """Loads bucket ``index``'s new collective with its parameters' carried slices (a
+        parameter nothing was carried for starts at zero, counted)."""
+        ids, shapes = self._params.get(index, []), self._layouts.get(index, [])
+        parts = [self._carried.pop(pid, None) for pid in ids]
+        found = [c for c in parts if c is not None]
+        if not found:
+            return
+        if sum(math.prod(s) for s in shapes) != h.max_count:  # not DDP's flat layout
+            self._stats["feedback_dropped_on_rebuild"] += len(found)
+            return
+        self._stats["feedback_fresh_on_rebuild"] += len(parts) - len(found)
+        like = found[0]
+        device = next((t.device for t in like[:2] if t is not None), None)
+
+        def assemble(k):
+            if like[k] is None:
+                return torch.empty(0, device=device)
+            return torch.cat([c[k] if c is not None and c[k] is not None else
+                              like[k].new_zeros(math.prod(shape))
+                              for c, shape in zip(parts, shapes)]).contiguous()
+
+        h.load_state(assemble(0), assemble(1), max(c[2] for c in found))
 
     def worker_state(self, index):
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""
@@ -361,9 +426,9 @@ def ddp_hook(state, bucket):
     stream = state.stream(device)
     stream.wait_stream(caller)  # the bucket's gradients are complete on the caller's stream
     parameters = list(bucket.parameters())
-    state.note_layout(bucket.index(), [tuple(p.shape) for p in parameters])
-    bits = state.bucket_bits(bucket.index(), parameters)
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream):  # a rebuild's state copies follow the last collective
+        state.note_layout(bucket.index(), [tuple(p.shape) for p in parameters], parameters)
+        bits = state.bucket_bits(bucket.index(), parameters)
         state.all_reduce_(bucket.index(), tensor, bits)
         # The bucket was made on the caller's stream; used here too, its memory must not
         # be reused before this stream is done with it.

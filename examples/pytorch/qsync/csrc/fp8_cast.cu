@@ -20,7 +20,7 @@
 
 namespace {
 
-constexpr int tile = 64;     // a CTA's tile: tile x tile values
+constexpr int tile = 64;       // a CTA's tile: tile x tile values
 constexpr int threads_x = 32;  // a warp along the columns, two columns a lane
 constexpr int threads_y = 8;   // rows y, y + 8, ..., y + 56
 
@@ -45,28 +45,40 @@ __global__ void __launch_bounds__(threads_x* threads_y)
   const std::int64_t row0 = std::int64_t(blockIdx.y) * tile;
   const std::int64_t col0 = std::int64_t(blockIdx.x) * tile;
   const int c = 2 * threadIdx.x;
+  // a lane's two bytes go out as one 2-byte store where the row length keeps it aligned
+  const bool pairs = cols % 2 == 0 && col0 + c + 1 < cols;
   for (int r = threadIdx.y; r < tile; r += threads_y) {
     const std::int64_t row = row0 + r;
     if (row >= rows) break;
-    for (int k = 0; k < 2; ++k) {
-      const std::int64_t col = col0 + c + k;
-      if (col >= cols) break;
-      const std::uint8_t b = cast<F8>(static_cast<float>(x[row * cols + col]), scale, max);
-      q[row * cols + col] = b;
+    const std::int64_t at = row * cols + col0 + c;
+    if (pairs) {
+      const std::uint8_t b0 = cast<F8>(static_cast<float>(x[at]), scale, max);
+      const std::uint8_t b1 = cast<F8>(static_cast<float>(x[at + 1]), scale, max);
+      *reinterpret_cast<std::uint16_t*>(q + at) = std::uint16_t(b0 | (b1 << 8));
+      staged[r][c] = b0;
+      staged[r][c + 1] = b1;
+      continue;
+    }
+    for (int k = 0; k < 2 && col0 + c + k < cols; ++k) {
+      const std::uint8_t b = cast<F8>(static_cast<float>(x[at + k]), scale, max);
+      q[at + k] = b;
       staged[r][c + k] = b;
     }
   }
   if (qt == nullptr) return;
   __syncthreads();
   // qt is [cols, rows]: its row col0 + r holds the tile's column r
+  const bool tpairs = rows % 2 == 0 && row0 + c + 1 < rows;
   for (int r = threadIdx.y; r < tile; r += threads_y) {
     const std::int64_t trow = col0 + r;
     if (trow >= cols) break;
-    for (int k = 0; k < 2; ++k) {
-      const std::int64_t tcol = row0 + c + k;
-      if (tcol >= rows) break;
-      qt[trow * rows + tcol] = staged[c + k][r];
+    const std::int64_t at = trow * rows + row0 + c;
+    if (tpairs) {
+      *reinterpret_cast<std::uint16_t*>(qt + at) =
+          std::uint16_t(staged[c][r] | (staged[c + 1][r] << 8));
+      continue;
     }
+    for (int k = 0; k < 2 && row0 + c + k < rows; ++k) qt[at + k] = staged[c + k][r];
   }
 }
 
@@ -81,16 +93,16 @@ void launch(const at::Tensor& x, const at::Tensor& scale, double max, at::Tensor
   std::uint8_t* qp = static_cast<std::uint8_t*>(q.data_ptr());
   std::uint8_t* qtp = qt ? static_cast<std::uint8_t*>(qt->data_ptr()) : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fp8_cast", [&] {
-    cast_kernel<scalar_t, F8><<<grid, block, 0, stream>>>(
-        x.data_ptr<scalar_t>(), rows, cols, scale.data_ptr<float>(), static_cast<float>(max), qp,
-        qtp);
+    cast_kernel<scalar_t, F8><<<grid, block, 0, stream>>>(x.data_ptr<scalar_t>(), rows, cols,
+                                                          scale.data_ptr<float>(),
+                                                          static_cast<float>(max), qp, qtp);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // (q, q^T or None): x a contiguous 2-D CUDA tensor, scale a 0-d fp32 tensor on its device.
-std::vector<at::Tensor> fp8_cast(const at::Tensor& x, const at::Tensor& scale,
-                                 at::ScalarType fmt, double max, bool transposed) {
+std::vector<at::Tensor> fp8_cast(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fmt,
+                                 double max, bool transposed) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
               "qsync fp8_cast: x must be a contiguous 2-D CUDA tensor, got ", x.sizes(), " on ",
               x.device());
