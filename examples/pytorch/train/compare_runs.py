@@ -82,7 +82,7 @@ def main(argv=None):
         print(f"only in {'a' if key in a else 'b'}: {' '.join(key)}")
     if args.out:
         with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
             w.writeheader()
             w.writerows(rows)
     return 0
