@@ -531,7 +531,7 @@ def fp8_menu_model(model, model_json: dict, others=("fp16", "bf16", "fp32")) -> 
 def write_measured(out, rows):
     """OUT/measured.csv, one row per case (model/plan)."""
     with open(os.path.join(out, "measured.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=MEASURED_FIELDS)
+        w = csv.DictWriter(f, fieldnames=MEASURED_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
 
@@ -695,7 +695,8 @@ def predict(args):
     with open(os.path.join(args.out, "validation.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(args.out, "validation.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["case"])
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["case"],
+                           lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
     with open(os.path.join(args.out, "predict_commands.txt"), "w") as f:
@@ -775,7 +776,7 @@ def write_zoo_csv(out, measured, rows, predict_failures=None):
     """OUT/zoo.csv (ZOO_FIELDS); returns its path."""
     path = os.path.join(out, "zoo.csv")
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ZOO_FIELDS)
+        w = csv.DictWriter(f, fieldnames=ZOO_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(zoo_rows(out, measured, rows, predict_failures))
     return path
@@ -787,7 +788,7 @@ FAILURE_FIELDS = ["case", "model", "batch", "stage", "error"]
 def write_failures(out, failures):
     """OUT/failures.csv: the cases that failed or were not run, by name and stage."""
     with open(os.path.join(out, "failures.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FAILURE_FIELDS)
+        w = csv.DictWriter(f, fieldnames=FAILURE_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(failures)
 

@@ -205,7 +205,7 @@ def run(args):
             events = json.load(f).get("traceEvents", [])
         rows = kernels_of_trace(events)
         with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
             w.writeheader()
             w.writerows(rows)
         print("%d kernels (%d lowbit) -> %s" % (len(rows), sum(r["lowbit"] for r in rows),

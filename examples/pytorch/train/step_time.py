@@ -106,7 +106,7 @@ def main(argv):
                   file=sys.stderr)
             return 1
     with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
+        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
         w.writeheader()
         for regime in args.regimes:
             for comm in args.comms:
