@@ -312,9 +312,14 @@ void encode_blocks(const T* x, std::size_t count, std::byte* frame, const rng_ke
     if constexpr (has_fast_quantize_v<Codec>) {
       if (!params.divide) {
         fast = true;
-        std::uint32_t noise[B];
-        if constexpr (R::needs_noise) noise_of<B / 16>(key, (index0 + first) / 16, noise);
-        quantize_scaled<Q, R, B>(c, params, noise, codes);
+        if constexpr (R::needs_noise) {
+          std::uint32_t noise[B];
+          noise_of<B / 16>(key, (index0 + first) / 16, noise);
+          quantize_scaled<Q, R, B>(c, params, noise, codes);
+        } else {
+          static_assert(std::is_same_v<R, round::nearest>, "only nearest rounding takes no noise");
+          quantize_scaled<Q, R, B>(c, params, nullptr, codes);
+        }
         for (int i = 0; i < B; ++i) codes[i] = i < n ? codes[i] : 0u;
       }
     }
