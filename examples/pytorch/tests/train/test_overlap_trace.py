@@ -1,5 +1,11 @@
-"""overlap_trace.py's reading of a profiler trace (no GPU): lowbit's kernels told by name,
-the overlap measured against other streams only, the caller's stream found, the SVG."""
+"""overlap_trace.py's reading of a profiler trace (no GPU, standard library only, so CI's
+python3 runs it with unittest): lowbit's kernels told by name, the overlap measured against
+other streams only, the caller's stream found, the SVG."""
+
+import csv
+import os
+import tempfile
+import unittest
 
 import overlap_trace as ot
 
@@ -20,37 +26,43 @@ EVENTS = [
 ]
 
 
-def test_kernels_are_read_and_lowbits_told_by_name():
-    rows = ot.kernels_of_trace(EVENTS)
-    assert len(rows) == 6  # the CPU op is not a kernel
-    assert [r["lowbit"] for r in rows] == [1 if "gemm" not in r["name"] and "elementwise"
-                                           not in r["name"] else 0 for r in rows]
-    assert sum(r["lowbit"] for r in rows) == 3
+class OverlapTrace(unittest.TestCase):
+    def test_kernels_are_read_and_lowbits_told_by_name(self):
+        rows = ot.kernels_of_trace(EVENTS)
+        assert len(rows) == 6  # the CPU op is not a kernel
+        assert [r["lowbit"] for r in rows] == [1 if "gemm" not in r["name"] and "elementwise"
+                                               not in r["name"] else 0 for r in rows]
+        assert sum(r["lowbit"] for r in rows) == 3
+
+    def test_overlap_counts_only_time_beside_other_streams(self):
+        o = ot.overlap(ot.kernels_of_trace(EVENTS))
+        assert o["lowbit_us"] == 30 + 80 + 20
+        assert o["overlapped_us"] == 30 + 50  # the stream-7 lowbit kernel overlaps nothing
+        assert o["caller_stream"] == 7
+        assert o["on_caller"] == 1
+        assert o["lowbit_streams"] == [7, 21]
+
+    def test_the_svg_has_a_lane_per_stream_and_a_box_per_kernel(self):
+        rows = ot.kernels_of_trace(EVENTS)
+        text = ot.svg(rows)
+        assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+        assert text.count("<rect") == 1 + len(rows)  # the background and the kernels
+        assert "stream 7" in text and "stream 21" in text
+        d = tempfile.TemporaryDirectory()
+        self.addCleanup(d.cleanup)
+        tmp = d.name
+        path = os.path.join(tmp, "k.csv")
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=ot.FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+        assert ot.read_rows(path) == [dict(r, start_us=float(r["start_us"]),
+                                           dur_us=float(r["dur_us"])) for r in rows]
+        svg = os.path.join(tmp, "o.svg")
+        assert ot.main(["draw", path, "--svg", svg]) == 0
+        with open(svg) as f:
+            assert f.read().startswith("<svg")
 
 
-def test_overlap_counts_only_time_beside_other_streams():
-    o = ot.overlap(ot.kernels_of_trace(EVENTS))
-    assert o["lowbit_us"] == 30 + 80 + 20
-    assert o["overlapped_us"] == 30 + 50  # the stream-7 lowbit kernel overlaps nothing
-    assert o["caller_stream"] == 7
-    assert o["on_caller"] == 1
-    assert o["lowbit_streams"] == [7, 21]
-
-
-def test_the_svg_has_a_lane_per_stream_and_a_box_per_kernel(tmp_path):
-    rows = ot.kernels_of_trace(EVENTS)
-    text = ot.svg(rows)
-    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
-    assert text.count("<rect") == 1 + len(rows)  # the background and the kernels
-    assert "stream 7" in text and "stream 21" in text
-    path = tmp_path / "k.csv"
-    import csv
-
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ot.FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    assert ot.read_rows(path) == [dict(r, start_us=float(r["start_us"]),
-                                       dur_us=float(r["dur_us"])) for r in rows]
-    assert ot.main(["draw", str(path), "--svg", str(tmp_path / "o.svg")]) == 0
-    assert (tmp_path / "o.svg").read_text().startswith("<svg")
+if __name__ == "__main__":
+    unittest.main()
