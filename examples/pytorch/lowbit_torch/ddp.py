@@ -326,9 +326,9 @@ class DDPState:
             self._loaded[index] = b.get("layout")
         torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
 
-    def note_layout(self, index, layout, parameters=None):
-        """Records bucket ``index``'s layout (its parameters' shapes, in order) and, given
-        ``parameters``, which parameters it holds.
+    def note_layout(self, index, parameters):
+        """Records which parameters bucket ``index`` holds, in the bucket's order, and its
+        layout (their shapes).
 
         DDP rebuilds its buckets after its first iteration, in the order gradients became
         ready, and may put other parameters at an index of the same size: each bucket's
@@ -340,13 +340,12 @@ class DDPState:
         may hold other parameters than when it was saved (the process's parameter objects
         are new, so the shapes are what can be compared). Such a state is dropped (the
         bucket starts with fresh feedback, counted as ``feedback_dropped_on_load``)."""
-        if parameters is not None:
-            ids = [id(p) for p in parameters]
-            seen = self._params.get(index)
-            if seen is not None and seen != ids:
-                self._carry_over()
-            self._params[index] = ids
-        self._layouts[index] = layout
+        ids = [id(p) for p in parameters]
+        seen = self._params.get(index)
+        if seen is not None and seen != ids:
+            self._carry_over()
+        self._params[index] = ids
+        layout = self._layouts[index] = [tuple(p.shape) for p in parameters]
         if index not in self._loaded:
             return
         saved = self._loaded.pop(index)
@@ -358,24 +357,28 @@ class DDPState:
         """DDP has rebuilt its buckets: every bucket's feedback state is split into its
         parameters' slices (by the layout its index had) and the collectives forgotten;
         each bucket's new collective is loaded with its parameters' slices (_load_carried),
-        wherever DDP has put them. Runs on the hook's stream, after the last collective."""
-        if self.feedback != "none":
-            for index, h in self._buckets.items():
-                ids, shapes = self._params.get(index), self._layouts.get(index)
-                if ids is None or shapes is None:
-                    continue
-                worker = h.worker_state(h.max_count)
-                replicated = h.replicated_state(h.max_count)
-                offset = 0
-                for pid, shape in zip(ids, shapes):
-                    n = math.prod(shape)
-                    self._carried[pid] = tuple(
-                        None if t is None or t.numel() == 0 else t[offset:offset + n].clone()
-                        for t in (worker, replicated)) + (h.step,)
-                    offset += n
-        self._buckets.clear()
-        self._params.clear()
+        wherever DDP has put them. Runs on the hook's stream, after the last collective.
+        Without feedback there is nothing to move: the collectives stay at their indices
+        (their steps, stochastic rounding's keys, go on)."""
         self._stats["layout_rebuilds"] += 1
+        ids_of, self._params = self._params, {}
+        if self.feedback == "none":
+            return
+        for index, h in self._buckets.items():
+            ids, shapes = ids_of.get(index), self._layouts.get(index)
+            if ids is None or shapes is None:
+                continue
+            # fresh copies of the bucket's state: their slices need no copy of their own
+            worker = h.worker_state(h.max_count)
+            replicated = h.replicated_state(h.max_count)
+            offset = 0
+            for pid, shape in zip(ids, shapes):
+                n = math.prod(shape)
+                self._carried[pid] = tuple(
+                    None if t is None or t.numel() == 0 else t[offset:offset + n]
+                    for t in (worker, replicated)) + (h.step,)
+                offset += n
+        self._buckets.clear()
 
     def _load_carried(self, index, h):
         """Loads bucket ``index``'s new collective with its parameters' carried slices (a
@@ -427,7 +430,7 @@ def ddp_hook(state, bucket):
     stream.wait_stream(caller)  # the bucket's gradients are complete on the caller's stream
     parameters = list(bucket.parameters())
     with torch.cuda.stream(stream):  # a rebuild's state copies follow the last collective
-        state.note_layout(bucket.index(), [tuple(p.shape) for p in parameters], parameters)
+        state.note_layout(bucket.index(), parameters)
         bits = state.bucket_bits(bucket.index(), parameters)
         state.all_reduce_(bucket.index(), tensor, bits)
         # The bucket was made on the caller's stream; used here too, its memory must not

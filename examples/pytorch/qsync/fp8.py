@@ -62,7 +62,7 @@ def quantize(t: torch.Tensor, fmt):
     return q, scale
 
 
-_CAST = {}  # device kind -> the fused cast's module, or the reason it is not there
+_CAST = {}  # "cuda" -> the fused cast's module, or None where it did not build
 
 
 def _cast_module():

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import gc
 import importlib.machinery
 import importlib.util
@@ -546,13 +545,6 @@ class Budget:
             self.took.setdefault(keys[:i], []).append(seconds)
 
 
-def write_csv(path, fields, rows):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-
-
 def run_model(torch, args, name, facts, budget, rows, gemm):
     """Steps 1-4 for model `name`; appends to `rows` (QUALITY_FIELDS) and `gemm`,
     rewriting both CSVs after every piece."""
@@ -572,7 +564,7 @@ def run_model(torch, args, name, facts, budget, rows, gemm):
                    fp8_ops="", status=status)
         row.update(kw)
         rows.append(row)
-        write_csv(os.path.join(args.out, "quality.csv"), QUALITY_FIELDS, rows)
+        qm.write_csv(os.path.join(args.out, "quality.csv"), QUALITY_FIELDS, rows)
 
     def skip_all(status, plans_left=None):
         for seed in args.seeds:
@@ -635,7 +627,7 @@ def run_model(torch, args, name, facts, budget, rows, gemm):
             log("%s: gemm %sx%sx%s %s: bf16 %s us, fp8 %s us (%sx)" % (
                 case, r["m"], r["k"], r["n"], r["gemm"], r["bf16_us"], r["fp8_us"],
                 r["speedup"]))
-        write_csv(os.path.join(args.out, "gemm.csv"), GEMM_FIELDS, gemm)
+        qm.write_csv(os.path.join(args.out, "gemm.csv"), GEMM_FIELDS, gemm)
         budget.done(time.time() - t0, "gemm")
         v.free_memory(torch)
     else:
@@ -808,8 +800,8 @@ def main(argv=None):
     rows, gemm, budget = [], [], Budget(args.budget_s)
     for name in args.models:
         run_model(torch, args, name, facts, budget, rows, gemm)
-    write_csv(os.path.join(args.out, "quality.csv"), QUALITY_FIELDS, rows)
-    write_csv(os.path.join(args.out, "gemm.csv"), GEMM_FIELDS, gemm)
+    qm.write_csv(os.path.join(args.out, "quality.csv"), QUALITY_FIELDS, rows)
+    qm.write_csv(os.path.join(args.out, "gemm.csv"), GEMM_FIELDS, gemm)
     left = [r for r in rows if r["status"].startswith(("skipped", "failed"))]
     if left:
         log("%d run(s) not made: %s" % (len(left), "; ".join(

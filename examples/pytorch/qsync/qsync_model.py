@@ -16,6 +16,7 @@ the model JSON, and holds the helpers the validation script needs without torch.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import os
@@ -321,6 +322,16 @@ def host_trace(host_ms: List[float]) -> dict:
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k, "ts": 1e6 * k,
          "dur": 1000.0 * ms, "pid": 0, "tid": 0} for k, ms in enumerate(host_ms)],
         "lowbit": {"source": "host time per step, timed without a profiler"}}
+
+
+def write_csv(path: str, fields, rows) -> str:
+    """Writes ``rows`` (dicts) under the header ``fields``, LF line ends (csv's default is
+    CRLF); returns the path."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return path
 
 
 def write_json(path: str, obj, gz: Optional[bool] = None) -> str:

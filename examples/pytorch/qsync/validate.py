@@ -530,10 +530,7 @@ def fp8_menu_model(model, model_json: dict, others=("fp16", "bf16", "fp32")) -> 
 
 def write_measured(out, rows):
     """OUT/measured.csv, one row per case (model/plan)."""
-    with open(os.path.join(out, "measured.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=MEASURED_FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+    qm.write_csv(os.path.join(out, "measured.csv"), MEASURED_FIELDS, rows)
 
 
 # ------------------------------------------------------------------- lowbit-plan calls
@@ -694,11 +691,8 @@ def predict(args):
     table = qm.markdown_table(rows)
     with open(os.path.join(args.out, "validation.md"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(args.out, "validation.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["case"],
-                           lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
+    qm.write_csv(os.path.join(args.out, "validation.csv"),
+                 list(rows[0].keys()) if rows else ["case"], rows)
     with open(os.path.join(args.out, "predict_commands.txt"), "w") as f:
         f.write("\n".join(commands) + "\n")
     if any(m.get("zoo_model") for m in measured) or os.path.exists(
@@ -774,12 +768,8 @@ def zoo_rows(out, measured, rows, predict_failures=None):
 
 def write_zoo_csv(out, measured, rows, predict_failures=None):
     """OUT/zoo.csv (ZOO_FIELDS); returns its path."""
-    path = os.path.join(out, "zoo.csv")
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ZOO_FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(zoo_rows(out, measured, rows, predict_failures))
-    return path
+    return qm.write_csv(os.path.join(out, "zoo.csv"), ZOO_FIELDS,
+                        zoo_rows(out, measured, rows, predict_failures))
 
 
 FAILURE_FIELDS = ["case", "model", "batch", "stage", "error"]
@@ -787,10 +777,7 @@ FAILURE_FIELDS = ["case", "model", "batch", "stage", "error"]
 
 def write_failures(out, failures):
     """OUT/failures.csv: the cases that failed or were not run, by name and stage."""
-    with open(os.path.join(out, "failures.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FAILURE_FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(failures)
+    qm.write_csv(os.path.join(out, "failures.csv"), FAILURE_FIELDS, failures)
 
 
 # ------------------------------------------------------------------------------ main

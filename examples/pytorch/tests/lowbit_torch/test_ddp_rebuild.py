@@ -44,7 +44,7 @@ def make_state(monkeypatch):
 
 def call(st, index, params):
     """What the hook does with a bucket before its collective; the bucket's handle."""
-    st.note_layout(index, [tuple(p.shape) for p in params], params)
+    st.note_layout(index, params)
     return st._handle(index, torch.empty(sum(p.numel() for p in params)), 4)
 
 
@@ -92,6 +92,8 @@ def test_ef21s_replicated_state_moves_too_and_a_new_parameter_starts_at_zero(mak
 def test_without_feedback_nothing_is_carried(make_state):
     st = make_state("none")
     a, b = torch.zeros(3), torch.zeros(3)
-    call(st, 0, [a, b])
-    call(st, 0, [b, a])
+    h = call(st, 0, [a, b])
+    h.step = 5
+    # the collective stays (no state to move), its step, stochastic rounding's key, goes on
+    assert call(st, 0, [b, a]) is h and h.step == 5
     assert not st._carried and st.stats()["layout_rebuilds"] == 1
