@@ -66,7 +66,7 @@ _CAST = {}  # "cuda" -> the fused cast's module, or None where it did not build
 
 
 def _cast_module():
-    """The fused cast (csrc/fp8_cast.cu), built just in time once per process; None where
+    """The fused cast (csrc/fp8_cast.cpp, .cu), built just in time once per process; None where
     it cannot be built, with a warning naming why (the casts then run as torch ops: the
     same bits, several times the memory traffic)."""
     if "cuda" not in _CAST:
@@ -76,10 +76,17 @@ def _cast_module():
         try:
             from torch.utils.cpp_extension import load
 
-            here = os.path.dirname(os.path.abspath(__file__))
-            _CAST["cuda"] = load(name="qsync_fp8_cast",
-                                 sources=[os.path.join(here, "csrc", "fp8_cast.cu")],
-                                 extra_cuda_cflags=["-O3"], verbose=False)
+            # the compiler lowbit_torch builds with: one that links the libstdc++ this
+            # process runs (another one's copy crashes the module's first error message)
+            from lowbit_torch._build import build_environment
+
+            csrc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+            with build_environment():
+                _CAST["cuda"] = load(name="qsync_fp8_cast",
+                                     sources=[os.path.join(csrc, "fp8_cast.cpp"),
+                                              os.path.join(csrc, "fp8_cast.cu")],
+                                     extra_cflags=["-O3"], extra_cuda_cflags=["-O3"],
+                                     verbose=False)
         except Exception as e:  # noqa: BLE001 (any build failure: reported, torch ops run)
             warnings.warn("qsync fp8: the fused cast (csrc/fp8_cast.cu) did not build (%s); "
                           "fp8 operands are cast by torch ops, several times slower"

@@ -198,6 +198,8 @@ class FusedCast(unittest.TestCase):
             m.fp8_cast(torch.ones(4, 4, device="cuda"), one.double(), fp8.E4M3, 448.0, True)
         with self.assertRaisesRegex(Exception, "float8_e4m3fn or float8_e5m2"):
             m.fp8_cast(torch.ones(4, 4, device="cuda"), one, torch.bfloat16, 448.0, True)
+        with self.assertRaisesRegex(Exception, "float32, bfloat16 or float16"):
+            m.fp8_cast(torch.ones(4, 4, device="cuda").double(), one, fp8.E4M3, 448.0, True)
 
     def test_the_linear_gives_the_torch_casts_bits(self):
         # the fp8 linear with the fused cast and with the torch expression: identical outputs
