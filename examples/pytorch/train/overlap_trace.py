@@ -24,9 +24,10 @@ import re
 import sys
 
 FIELDS = ["stream", "start_us", "dur_us", "lowbit", "name"]
-# lowbit's kernel names (include/lowbit/kernels, transport): what the hook launches
-LOWBIT = re.compile(r"lowbit|encode_kernel|decode_kernel|reduce_kernel|ipc_transfer|"
-                    r"raw_copy_kernel|raw_sum_kernel|stamp_kernel|accumulate_output_kernel")
+# lowbit's kernels (codec, reduction, transfer: what the hook launches) are all in namespace
+# lowbit, so their demangled names start with it; matching bare kernel names would also take
+# torch's own (at::native::reduce_kernel is the optimizer's norm)
+LOWBIT = re.compile(r"^(?:void\s+)?lowbit::")
 
 
 def kernels_of_trace(events):
@@ -135,10 +136,11 @@ def svg(rows, width=1200, lane=26):
 
 
 def read_rows(path):
+    """A kernels CSV's rows; whose kernel each is comes from its name, as run tells it now."""
     with open(path, newline="") as f:
         return [{"stream": int(r["stream"]), "start_us": float(r["start_us"]),
-                 "dur_us": float(r["dur_us"]), "lowbit": int(r["lowbit"]), "name": r["name"]}
-                for r in csv.DictReader(f)]
+                 "dur_us": float(r["dur_us"]), "lowbit": int(bool(LOWBIT.search(r["name"]))),
+                 "name": r["name"]} for r in csv.DictReader(f)]
 
 
 def draw(args):
