@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+import ranks
 import simulate_dp as sim
 
 
@@ -106,23 +107,10 @@ def main():
         ap.error("lowbit's collectives need --device cuda (bf16 and fp32 run over gloo)")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29513")
-    # A GPU per rank where there are enough, else rank r on cuda:r % GPUs: several ranks
-    # share a GPU, the group is gloo (NCCL refuses two ranks on one GPU) and lowbit's hook
-    # runs on its node backend (CUDA IPC between the rank processes).
-    gpus = torch.cuda.device_count() if cuda else 0
-    if cuda and gpus == 0:
-        ap.error("--device cuda but no CUDA device is visible")
-    device = torch.device("cuda", local % gpus) if cuda else torch.device("cpu")
+    device = ranks.init_group(rank, local, world, cuda)
     args.device = str(device)
     sim.DEVICE = device  # simulate_dp's val_loss autocasts on it
     torch.backends.cuda.matmul.allow_tf32 = True
-    if cuda:
-        torch.cuda.set_device(device)
-    if cuda and gpus >= world:
-        # device_id makes the communicator now: lowbit borrows it at the hook's creation
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-    else:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
     task, val = sim.checked(ap, args)
     fh, writer = sim.open_csv(args.out) if rank == 0 else (open(os.devnull, "w"), None)
     with fh:

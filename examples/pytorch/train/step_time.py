@@ -33,7 +33,9 @@ REGIMES = {
     "pcie": {"NCCL_P2P_DISABLE": "1"},
     "net": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"},
 }
-RESULT = re.compile(r"^comm=(\S+) bits=(\S+) ranks=(\d+) steps=\d+ val_loss=(\S+)$", re.M)
+RESULT = re.compile(r"^comm=(\S+) bits=(\S+) ranks=(\d+) group=\S+ steps=\d+ val_loss=(\S+)$",
+                    re.M)
+SHARED = "the ranks share a GPU"  # train_gpt_ddp.py's note beside a step time of shared GPUs
 TIME = re.compile(r"^step time: median (\S+) ms over the last (\d+) steps "
                   r"\(min (\S+), max (\S+)\)$", re.M)
 
@@ -50,6 +52,9 @@ def comm_args(comm):
 
 def parse(output, regime, common):
     """The CSV row of one run's output (rank 0's lines); ValueError if they are missing."""
+    if SHARED in output:
+        raise ValueError("the ranks shared a GPU: step times need a GPU per rank (ranks on "
+                         "one GPU time each other, not the link)")
     result, time = RESULT.search(output), TIME.search(output)
     if not result or not time:
         raise ValueError("no result or step-time line in the run's output")

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+import ranks
 from corpus import Corpus
 
 
@@ -69,17 +70,11 @@ def main():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     cuda = args.device == "cuda"
-    if cuda:
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-        # device_id makes the communicator now: lowbit borrows it at the hook's creation.
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-    else:
-        if args.comm == "lowbit":
-            sys.exit("train_gpt_ddp.py: --comm lowbit needs --device cuda")
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    train(args, rank, local, world, device, cuda)
+    if args.comm == "lowbit" and not cuda:
+        sys.exit("train_gpt_ddp.py: --comm lowbit needs --device cuda")
+    # a GPU per rank (NCCL), or ranks sharing the GPUs there are (gloo; lowbit's node backend)
+    device = ranks.init_group(rank, local, world, cuda)
+    train(args, rank, world, device, cuda)
     # lowbit's collectives borrow the process group's communicator: they go first.
     if args.comm == "lowbit":
         import lowbit_torch
@@ -111,7 +106,7 @@ class StepClock:
         return self.start.elapsed_time(self.end)
 
 
-def train(args, rank, local, world, device, cuda):
+def train(args, rank, world, device, cuda):
     """Trains, evaluates and prints (rank 0); every object it made is gone on return."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -121,7 +116,7 @@ def train(args, rank, local, world, device, cuda):
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(cfg).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[local] if cuda else None, bucket_cap_mb=args.bucket_mb)
+        model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_mb)
     state = None
     if args.comm == "lowbit":
         import lowbit_torch
@@ -166,10 +161,13 @@ def train(args, rank, local, world, device, cuda):
     dist.all_reduce(val_loss)
     if rank == 0:
         print(f"comm={args.comm} bits={args.bits if args.comm == 'lowbit' else '-'} "
-              f"ranks={world} steps={args.steps} val_loss={val_loss.item() / world:.4f}")
+              f"ranks={world} group={dist.get_backend()} steps={args.steps} "
+              f"val_loss={val_loss.item() / world:.4f}")
+        shared = cuda and torch.cuda.device_count() < world
         if times:
             print(f"step time: median {statistics.median(times):.2f} ms over the last "
-                  f"{len(times)} steps (min {min(times):.2f}, max {max(times):.2f})")
+                  f"{len(times)} steps (min {min(times):.2f}, max {max(times):.2f})"
+                  + ("; the ranks share a GPU: not a time of one GPU per rank" if shared else ""))
         if state is not None:
             print(f"lowbit: {state.stats()}")
 

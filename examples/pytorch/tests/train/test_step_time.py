@@ -33,7 +33,7 @@ LAUNCHER = textwrap.dedent("""
     ms = 10 + 5 * (os.environ.get("NCCL_P2P_DISABLE") == "1") \\
         + 20 * (os.environ.get("NCCL_SHM_DISABLE") == "1") + (int(bits) if bits != "-" else 0)
     print("some noise")
-    print(f"comm={comm} bits={bits} ranks=2 steps=9 val_loss=4.5000")
+    print(f"comm={comm} bits={bits} ranks=2 group=nccl steps=9 val_loss=4.5000")
     print(f"step time: median {ms:.2f} ms over the last 3 steps (min {ms - 1:.2f}, max {ms + 1:.2f})")
 """)
 
@@ -100,7 +100,15 @@ class StepTimeDriverTest(unittest.TestCase):
 
     def test_output_without_a_step_time_is_an_error(self):
         with self.assertRaisesRegex(ValueError, "no result or step-time line"):
-            step_time.parse("comm=nccl bits=- ranks=2 steps=9 val_loss=4.5\n", "pcie", [])
+            step_time.parse("comm=nccl bits=- ranks=2 group=nccl steps=9 val_loss=4.5\n", "pcie",
+                            [])
+
+    def test_a_step_time_of_ranks_sharing_a_gpu_is_refused(self):
+        out = ("comm=lowbit bits=4 ranks=2 group=gloo steps=9 val_loss=4.5\n"
+               "step time: median 9.00 ms over the last 3 steps (min 8.00, max 10.00); "
+               "the ranks share a GPU: not a time of one GPU per rank\n")
+        with self.assertRaisesRegex(ValueError, "need a GPU per rank"):
+            step_time.parse(out, "pcie", [])
 
 
 class StepTimeTableTest(unittest.TestCase):
