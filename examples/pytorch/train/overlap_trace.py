@@ -164,16 +164,11 @@ def run(args):
 
     import lowbit_torch
 
+    import ranks
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    gpus = torch.cuda.device_count()
-    if gpus == 0:
-        raise SystemExit("overlap_trace.py run: needs a CUDA device")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus)
-    torch.cuda.set_device(device)
-    if gpus >= world:
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-    else:  # ranks share a GPU: gloo for DDP, lowbit's node backend for the hook
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a GPU per rank (NCCL), or ranks sharing one (gloo for DDP, lowbit's node backend)
+    device = ranks.init_group(rank, int(os.environ.get("LOCAL_RANK", 0)), world, cuda=True)
     torch.manual_seed(0)
     layers = []
     for _ in range(args.layers):
