@@ -48,6 +48,13 @@ def _numel(ts) -> int:
     return sum(t.numel() for t in ts)
 
 
+def _autograd_sequence_now() -> int:
+    """The autograd sequence number of a node made now: every node made later in this
+    thread has a larger one (torch numbers them in creation order)."""
+    with torch.enable_grad():
+        return torch.empty(0, requires_grad=True).view(0).grad_fn._sequence_nr()
+
+
 def _is_weight_copy(t: torch.Tensor, params: set) -> bool:
     """True for autocast's cast of a parameter (a to-copy whose only input is the
     parameter's gradient accumulator), or a view of one (a linear saves its weight
@@ -155,6 +162,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     records = Records()
     uses: Dict[str, list] = {}
     producer: Dict[object, str] = {}  # grad_fn -> op name (kept alive by the dict)
+    started: Dict[str, int] = {}  # op -> the autograd sequence number at its start
     current: List[Optional[str]] = [None]
     last: List[Optional[str]] = [None]
     seen_storage = set()
@@ -182,6 +190,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
 
     def enter(op, module, args, kwargs, own, func):
         counter.paused = True
+        started[op] = _autograd_sequence_now()
         ins = tensors((args, kwargs))
         ins_fl = [t for t in ins if not isinstance(t, torch.nn.Parameter)]
         inputs, via_code = producers_of(ins_fl)
@@ -223,6 +232,14 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         for t in outs:
             if t.grad_fn is not None:
                 producer[t.grad_fn] = op
+            # An output that is a view of a tensor the op made (Linear on a 3-D input
+            # returns its 2-D GEMM's result viewed): an in-place op on the view later
+            # rebases its history onto the base's node, so the base's node is the op's too.
+            # A base made before the op (a view of an input) keeps its own producer.
+            base = t._base
+            if (base is not None and base.grad_fn is not None and base.grad_fn not in producer
+                    and base.grad_fn._sequence_nr() > started[op]):
+                producer[base.grad_fn] = op
         grads = [t for t in outs if t.requires_grad and t.is_floating_point()]
         if with_stats and grads:
             def on_grad(g, op=op):

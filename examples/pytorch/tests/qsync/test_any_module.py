@@ -270,6 +270,32 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(seen, ["mha", "q", "k", "v"])
         self.assertTrue(torch.isfinite(loss).item())
 
+    def test_a_view_output_modified_in_place_keeps_its_producer(self):
+        # A leaf whose output is a view of its own result (Conv1D's addmm, viewed; a Linear
+        # on a 3-D input in some torch versions), then ``y += r``: the in-place add rebases
+        # the view's history onto its base, and the next op still reads the leaf's output.
+        # A view of an op's input (Flatten) is not that op's output: its base keeps the
+        # producer it had.
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inp, self.proj = nn.Linear(4, 8), Conv1D(8, 8)
+                self.flat, self.head = nn.Flatten(), nn.Linear(24, 2)
+
+            def forward(self, x):
+                h = self.inp(x)
+                y = self.proj(h)
+                y += h  # in place on the view
+                return self.head(self.flat(y * 2.0))
+
+        torch.manual_seed(0)
+        model, x = M(), torch.randn(2, 3, 4)
+        records = ex.record_ops(model, lambda: model(x).square().mean(), "fp32",
+                                device_type="cpu")
+        self.assertEqual(records["head"]["inputs"], ["flat"])
+        self.assertEqual(set(records["flat"]["inputs"]), {"proj", "inp"})
+        self.assertEqual(records["proj"]["inputs"], ["inp"])
+
     def test_buffers_left_as_found(self):
         model, step = self.make()
         before = {n: b.clone() for n, b in model.named_buffers()}
