@@ -97,6 +97,12 @@ class HeadersTest(unittest.TestCase):
             self.assertIn(f"csrc/*{ext}", globs)
         for ext in (".hpp", ".cuh", ".h"):
             self.assertIn(f"include/lowbit/**/*{ext}", globs)
+        # qsync's fused fp8 cast, built just in time from an installed copy too
+        qsync = re.search(r"^qsync = \[(.*?)\]", text, re.M | re.S).group(1)
+        qsync_globs = re.findall(r'"([^"]+)"', qsync)
+        qsync_csrc = os.path.join(_PYTORCH, "qsync", "csrc")
+        for ext in {os.path.splitext(n)[1] for n in os.listdir(qsync_csrc)}:
+            self.assertIn(f"csrc/*{ext}", qsync_globs)
 
 
 class TorchVersionTest(unittest.TestCase):
