@@ -48,6 +48,8 @@ MAX = {E4M3: 448.0, E5M2: 57344.0}
 UNIT = {E4M3: 2.0 ** -4, E5M2: 2.0 ** -3}
 TINY = {E4M3: 2.0 ** -9, E5M2: 2.0 ** -16}
 ALIGN = 16
+#: the output types _scaled_mm rounds to in its epilogue
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class Fp8Unsupported(ValueError):
@@ -117,14 +119,17 @@ def cast(t: torch.Tensor, fmt, transposed: bool = True):
     return q, qt, scale
 
 
-def _mm(a, sa, b, sb, out_dtype):
-    """(a * sa) @ (b * sb) from fp8 operands, a row-major and b column-major (b.t()
-    contiguous), the layouts _scaled_mm takes; operands in other layouts are copied."""
+def _mm(a, sa, b, sb, out_dtype, bias=None):
+    """(a * sa) @ (b * sb) (+ bias) from fp8 operands, a row-major and b column-major (b.t()
+    contiguous), the layouts _scaled_mm takes; operands in other layouts are copied. The
+    output is rounded once, to `out_dtype`, in the GEMM's epilogue, the bias added before
+    (in `out_dtype`): no pass of its own over the output for either."""
     if not a.is_contiguous():
         a = a.contiguous()
     if not b.t().is_contiguous():
         b = b.t().contiguous().t()
-    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype,
+                            bias=None if bias is None else bias.to(out_dtype))
 
 
 class _Fp8Linear(torch.autograd.Function):
@@ -137,9 +142,7 @@ class _Fp8Linear(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1])
         xq, xqt, sx = cast(x2, E4M3, transposed=ctx.needs_input_grad[1])
         wq, wqt, sw = cast(weight, E4M3, transposed=ctx.needs_input_grad[0])
-        y = _mm(xq, sx, wq.t(), sw, CARRIER)
-        if bias is not None:
-            y = y + bias.to(CARRIER)
+        y = _mm(xq, sx, wq.t(), sw, CARRIER, bias)
         ctx.save_for_backward(xqt, sx, wqt, sw)
         ctx.meta = (shape, x.dtype, weight.dtype, bias is not None,
                     None if bias is None else bias.dtype)
@@ -153,7 +156,8 @@ class _Fp8Linear(torch.autograd.Function):
         gq, gqt, sg = cast(g, E5M2, transposed=ctx.needs_input_grad[1])
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            dx = _mm(gq, sg, wqt.t(), sw, torch.float32).to(x_dtype).reshape(shape)
+            dx_dtype = x_dtype if x_dtype in OUT_DTYPES else torch.float32
+            dx = _mm(gq, sg, wqt.t(), sw, dx_dtype).to(x_dtype).reshape(shape)
         if ctx.needs_input_grad[1]:
             dw = _mm(gqt, sg, xqt.t(), sx, torch.float32).to(w_dtype)
         db = g.float().sum(0).to(b_dtype) if has_bias else None

@@ -81,6 +81,27 @@ class Fp8Gemms(unittest.TestCase):
         self.assertTrue(bool(((x.grad.double().cpu() - dy @ wd).abs() <= dx_bound).all()))
         self.assertTrue(bool(((w.grad.double().cpu() - dy.t() @ xd).abs() <= dw_bound).all()))
 
+    def test_a_bf16_input_gets_a_bf16_gradient_within_the_bound(self):
+        # the input gradient comes out of the GEMM in the input's type
+        x = self.x.bfloat16().to(DEVICE).requires_grad_()
+        w = self.w.to(DEVICE).requires_grad_()
+        fp8.linear(x, w).backward(self.dy.to(DEVICE).to(fp8.CARRIER))
+        _, sw, sg = self.scales()
+        dy, wd = self.dy.bfloat16().double(), self.w.double()
+        bound = fp8.gemm_bound(dy, wd, fp8.E5M2, fp8.E4M3, sg, sw)  # bf16's rounding
+        self.assertEqual(x.grad.dtype, torch.bfloat16)
+        self.assertTrue(bool(((x.grad.double().cpu() - dy @ wd).abs() <= bound).all()))
+
+    def test_the_bias_is_in_the_output_within_the_bound(self):
+        x, w = self.x.to(DEVICE), self.w.to(DEVICE)
+        b = torch.linspace(-3.0, 3.0, 32, device=DEVICE)
+        y = fp8.linear(x, w, b).double().cpu()
+        ref = self.x.double() @ self.w.double().t() + b.bfloat16().double().cpu()
+        sx, sw, _ = self.scales()
+        bound = fp8.gemm_bound(self.x.double(), self.w.double().t(), fp8.E4M3, fp8.E4M3, sx, sw)
+        bound = bound + 2.0 ** -8 * ref.abs()  # the sum's rounding to bf16
+        self.assertTrue(bool(((y - ref).abs() <= bound).all()), (y - ref).abs().max())
+
     def test_bias_and_leading_dimensions(self):
         lin = nn.Linear(64, 32).to(DEVICE)
         x = torch.randn(3, 16, 64, device=DEVICE, requires_grad=True)
