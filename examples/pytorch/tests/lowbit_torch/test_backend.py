@@ -211,7 +211,6 @@ def _python(code, timeout=120):
 
 def test_init_process_group_calls_the_creator_for_the_cuda_half():
     r = _python("""
-        import socket
         import torch.distributed as dist
         from lowbit_torch import _build, backend
 
@@ -227,12 +226,9 @@ def test_init_process_group_calls_the_creator_for_the_cuda_half():
         assert dist.Backend.LOWBIT == "lowbit"
         assert dist.Backend._plugins["LOWBIT"].extended_api
         assert "lowbit" in dist.Backend.backend_list
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
+        try:  # an in-process store: no port to pick
             dist.init_process_group("cpu:gloo,cuda:lowbit", rank=0, world_size=1,
-                                    init_method=f"tcp://127.0.0.1:{port}")
+                                    store=dist.HashStore())
         except RuntimeError as e:
             assert "creator reached" in str(e), e
         assert (seen["rank"], seen["size"]) == (0, 1), seen
@@ -316,7 +312,8 @@ rank, size = int(rank), int(size)
 sys.path.insert(0, build)
 m = __import__(name)  # the module test_backend.py built
 
-store = dist.TCPStore("127.0.0.1", int(port), size, rank == 0, timeout=timedelta(seconds=60))
+# the test process holds the store's server (bound to a port of the system's choosing)
+store = dist.TCPStore("127.0.0.1", int(port), size, False, timeout=timedelta(seconds=60))
 
 def lowbit_cpu(opts, backend_options=None):
     inner = dist.ProcessGroupGloo(dist.PrefixStore("inner/", opts.store), opts.group_rank,
@@ -385,11 +382,12 @@ print("RANK-OK", rank)
 
 
 def test_the_cpp_backend_forwards_every_call_unchanged(host_module, tmp_path):
-    import socket
+    import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The store's server lives here, on port 0 (the system picks a free one as it binds):
+    # a port picked, released and bound again by a child could be taken in between.
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    port = server.port
     script = tmp_path / "rank.py"
     script.write_text(_FORWARD_RANK)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
