@@ -18,7 +18,7 @@ def init_group(rank: int, local: int, world: int, cuda: bool) -> torch.device:
         return torch.device("cpu")
     gpus = torch.cuda.device_count()
     if gpus == 0:
-        raise SystemExit("--device cuda but no CUDA device is visible")
+        raise SystemExit("a run on CUDA, but no CUDA device is visible")
     device = torch.device("cuda", local % gpus)
     torch.cuda.set_device(device)
     if gpus >= world:
