@@ -7,21 +7,24 @@ A linear op at fp8 runs its three GEMMs through ``torch._scaled_mm``:
                dW = dy^T x         dy in e5m2, x in e4m3
                db = sum(dy)        in the gradient's own dtype
 
-Scaling is per tensor and current (the scale of a tensor is its amax at this call over the
-format's largest finite value; a tensor of zeros gets scale 1), the rule torchao's float8
-calls "dynamic" scaling; no amax history. The parameters keep their master copy at the
+Scaling is per tensor and current (the scale of a tensor is its amax at this call times
+the fp32 reciprocal of the format's largest finite value; a tensor of zeros, or one with a
+NaN, gets scale 1), the rule torchao's float8 calls "dynamic" scaling; no amax history. The parameters keep their master copy at the
 precision the model holds them in (fp32): only the GEMM operands are fp8. The output is
 in ``CARRIER`` (bf16), the dtype an fp8 op hands the ops after it, and the GEMMs accumulate
 in fp32.
 
 Layouts: ``torch._scaled_mm`` takes its first operand row-major and its second
 column-major, so every operand is wanted in both layouts by one of its two GEMMs (the
-weight gradient reduces over the tokens, which x and dy hold as rows). ``cast`` writes an
-operand in fp8 and its transpose in one pass on CUDA (``csrc/fp8_cast.cu``, built just in
-time on first use), with the bits of ``quantize``, the torch expression it replaces; torch
-ops take five passes with fp32 temporaries and transpose 1-byte values far below memory
-bandwidth, which made the weight-gradient GEMM with its copies 3 to 6 times slower than
-bf16's (the GEMM table in docs/qsync.md).
+weight gradient reduces over the tokens, which x and dy hold as rows). It also wants the
+dimension a GEMM reduces over to be a multiple of 16: the weight gradient's is the token
+count, which is any number (a ViT at batch 2 has 394), so the transposes of x and dy are
+padded to a multiple of 16 tokens with zeros, which add nothing to the sums. ``cast``
+computes the scale and writes an operand in fp8 and its padded transpose on CUDA in two
+passes over it and one call from Python (``csrc/fp8_cast.cu``, built just in time on
+first use), with the bits of ``quantize``, the torch expression it replaces: that takes
+seven launches (each ~10 us of host time, more than the GPU's for a small operand), fp32
+temporaries and a 1-byte transpose far below memory bandwidth.
 
 Which modules: ``nn.Linear`` and transformers' ``Conv1D`` (a linear with its weight stored
 transposed). Anything else at fp8 is refused by name (``Fp8Unsupported``), never run at
@@ -47,6 +50,9 @@ MAX = {E4M3: 448.0, E5M2: 57344.0}
 #: the unit roundoff of each format (half an ulp at 1), and its smallest subnormal
 UNIT = {E4M3: 2.0 ** -4, E5M2: 2.0 ** -3}
 TINY = {E4M3: 2.0 ** -9, E5M2: 2.0 ** -16}
+#: fp32(1 / max): a scale is amax times it (one rounding here, one in the product)
+INV_MAX = {f: (torch.ones((), dtype=torch.float32) / torch.tensor(m, dtype=torch.float32)).item()
+           for f, m in MAX.items()}
 ALIGN = 16
 #: the output types _scaled_mm rounds to in its epilogue
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -57,11 +63,21 @@ class Fp8Unsupported(ValueError):
 
 
 def quantize(t: torch.Tensor, fmt):
-    """(t / scale in `fmt`, scale as a 0-d fp32 tensor): current per-tensor scaling."""
+    """(t / scale in `fmt`, scale as a 0-d fp32 tensor): current per-tensor scaling, the
+    scale amax * INV_MAX (a NaN amax fails `> 0`: scale 1, the NaN stays in q)."""
     amax = t.detach().abs().amax().float()
-    scale = torch.where(amax > 0, amax / MAX[fmt], torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax * INV_MAX[fmt], torch.ones_like(amax))
     q = (t.float() / scale).clamp(-MAX[fmt], MAX[fmt]).to(fmt)
     return q, scale
+
+
+def padded_t(q: torch.Tensor) -> torch.Tensor:
+    """q^T row-major with its rows padded to a multiple of ALIGN with zeros (the layout
+    ``cast`` gives the transpose)."""
+    rows, cols = q.shape
+    out = torch.zeros(cols, -(-rows // ALIGN) * ALIGN, dtype=torch.uint8, device=q.device)
+    out[:, :rows] = q.view(torch.uint8).t()
+    return out.view(q.dtype)
 
 
 _CAST = {}  # "cuda" -> the fused cast's module, or None where it did not build
@@ -99,23 +115,23 @@ def _cast_module():
 
 def cast(t: torch.Tensor, fmt, transposed: bool = True):
     """(q, q^T or None, scale) of a 2-D tensor: `quantize`'s bits, and the transpose laid
-    out row-major (what the other side of a GEMM wants). On CUDA one fused pass writes both
-    (csrc/fp8_cast.cu); a tensor whose transpose is contiguous (transformers' Conv1D
-    weight) is cast as that transpose with the outputs swapped, so no copy is made."""
+    out row-major with its rows padded to a multiple of ALIGN (``padded_t``: what the other
+    side of a GEMM wants). On CUDA one call computes all three (csrc/fp8_cast.cu); a
+    tensor whose transpose is contiguous and whose rows need no padding (transformers'
+    Conv1D weight) is cast as that transpose with the outputs swapped, so no copy is
+    made."""
     if t.dim() != 2:
         raise ValueError("qsync fp8: cast wants a 2-D tensor, got shape %s" % (tuple(t.shape),))
     module = _cast_module() if t.is_cuda else None
     if module is None:
         q, scale = quantize(t, fmt)
-        return q, (q.t().contiguous() if transposed else None), scale
-    if not t.is_contiguous() and t.t().is_contiguous():
+        return q, (padded_t(q) if transposed else None), scale
+    if (not t.is_contiguous() and t.t().is_contiguous() and t.shape[0] % ALIGN == 0
+            and t.shape[1] % ALIGN == 0):
         qt, q, scale = cast(t.t(), fmt, True)
         return q, (qt if transposed else None), scale
-    t = t.contiguous()
-    mn, mx = torch.aminmax(t.detach())  # one pass; |x|'s max exactly, NaN kept
-    amax = torch.maximum(-mn, mx).float()
-    scale = torch.where(amax > 0, amax / MAX[fmt], torch.ones_like(amax))
-    q, qt = module.fp8_cast(t.detach(), scale, fmt, MAX[fmt], transposed)
+    q, qt, scale = module.fp8_cast(t.detach().contiguous(), fmt, MAX[fmt], INV_MAX[fmt],
+                                   transposed)
     return q, qt, scale
 
 
@@ -160,7 +176,7 @@ class _Fp8Linear(torch.autograd.Function):
             dx = _mm(gq, sg, wqt.t(), sw, dx_dtype).to(x_dtype).reshape(shape)
         if ctx.needs_input_grad[1]:
             dw = _mm(gqt, sg, xqt.t(), sx, torch.float32).to(w_dtype)
-        db = g.float().sum(0).to(b_dtype) if has_bias else None
+        db = g.sum(0, dtype=torch.float32).to(b_dtype) if has_bias else None
         return dx, dw, db
 
 

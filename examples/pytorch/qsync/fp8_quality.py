@@ -6,8 +6,9 @@ Run mode (CUDA on sm_89 or later), from the repository root:
     PYTHONPATH=examples/pytorch python3 -m qsync.fp8_quality --out OUT \\
         --lowbit-plan build-host/tools/lowbit-plan
 
-For each model (``MODELS``: Llama, GPT-2 and ViT-B/16 of the zoo, at batches larger than
-the zoo's so that the GEMMs dominate the step) it
+For each model (``MODELS``; by default the zoo's Llama, GPT-2 and timm ViT made wider,
+4096, 2048 and 1664 (ViT-G/14, 6 blocks), where fp8's GEMMs save more than their casts
+cost, at batches where the GEMMs dominate the step) it
 
 1. profiles the model at the training batch exactly as ``validate.py --fp8`` does
    (``validate.run_case`` up to its plans: export, uniform fp32, bf16 and fp8 profiles,
@@ -68,10 +69,23 @@ QUALITY_FIELDS = ["model", "batch", "plan", "seed", "steps", "final_loss", "loss
                   "step_ms", "fp8_ops", "status", "date", "commit", "hardware"]
 GEMM_FIELDS = ["model", "batch", "m", "k", "n", "linears", "gemm", "bf16_us", "fp8_us",
                "speedup", "date", "commit", "hardware"]
-# The models measured by default, in the order --part splits them, with their training
-# batch (larger than the zoo's, so that GEMMs rather than the host set the step) and
-# learning rate. "tiny-lm" is the smoke test's LM (no transformers needed).
+# The models, with their training batch (larger than the zoo's, so that GEMMs rather than
+# the host set the step) and learning rate; "config": overrides of the zoo case's
+# full-size config. fp8 pays where a linear's GEMMs save more than its operands' casts
+# cost: the saving grows as m k n, the casts (both operands read twice, written twice at
+# one byte) as m (k + n), so per token the widths' k n / (k + n) must be large: at the
+# zoo's widths (768-1024) the casts eat the saving (docs/qsync.md's GEMM table), so the
+# default models are the same architectures at 1664-4096 wide. "tiny-lm" is the smoke
+# test's LM (no transformers needed).
 MODELS = {
+    "hf-llama-4k": dict(zoo="hf-llama", batch=16, lr=1.5e-4,
+                        config=dict(hidden_size=4096, intermediate_size=11008,
+                                    num_hidden_layers=4, num_attention_heads=32,
+                                    num_key_value_heads=8)),
+    "timm-vit-g14": dict(zoo="timm-vit-small", batch=64, lr=1e-4,
+                         config=dict(model="vit_gigantic_patch14_224", depth=6)),
+    "hf-gpt2-2k": dict(zoo="hf-gpt2", batch=16, lr=2e-4,
+                       config=dict(n_embd=2048, n_head=16, n_layer=6)),
     "hf-llama": dict(zoo="hf-llama", batch=64, lr=3e-4),
     "tv-vit-b16": dict(zoo="tv-vit-b16", batch=512, lr=1e-4),
     "hf-gpt2": dict(zoo="hf-gpt2", batch=64, lr=3e-4),
@@ -79,7 +93,7 @@ MODELS = {
     "timm-vit-small": dict(zoo="timm-vit-small", batch=512, lr=1e-4),
     "tiny-lm": dict(zoo=None, batch=8, lr=3e-3),
 }
-DEFAULT_MODELS = ("hf-llama", "tv-vit-b16", "hf-gpt2")
+DEFAULT_MODELS = ("hf-llama-4k", "timm-vit-g14", "hf-gpt2-2k")
 SMOKE_MODELS = ("tiny-lm", "timm-vit-small")
 SMOKE_BATCH = {"tiny-lm": 4, "timm-vit-small": 2}
 # The task's own randomness (the chain, the teacher): fixed, the same for every seed.
@@ -213,7 +227,7 @@ def build_model(torch, name, tiny, seed, device):
     else:
         from . import zoo
 
-        model = zoo.CASES[MODELS[name]["zoo"]].build(tiny)
+        model = zoo.CASES[MODELS[name]["zoo"]].build(tiny, **MODELS[name].get("config", {}))
     return model.to(device).train()
 
 

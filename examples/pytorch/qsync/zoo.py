@@ -35,7 +35,9 @@ TINY_SEQ = 16
 
 @dataclass
 class Case:
-    """One zoo model: its library, family, builder (``build(tiny)`` -> module) and
+    """One zoo model: its library, family, builder (``build(tiny)`` -> module; the
+    transformers and timm ViT builders also take keyword overrides of the full size's
+    config, which fp8_quality uses for wider variants of the same architectures) and
     inputs (``kind``: "image" or the causal/encoder/seq2seq LM kinds), and its two
     batch sizes and sequence lengths (``gpu``: kernel-bound; ``host``: batch 1)."""
 
@@ -112,14 +114,14 @@ def _tv_swin(tiny):
 
 # -------------------------------------------------------------------------- timm
 
-def _timm_vit(tiny):
+def _timm_vit(tiny, model="vit_small_patch16_224", **overrides):
     import timm
 
     if tiny:
         return timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=10,
                                  img_size=TINY_IMAGE, patch_size=8, depth=2, embed_dim=32,
                                  num_heads=2)
-    return timm.create_model("vit_small_patch16_224", pretrained=False)
+    return timm.create_model(model, pretrained=False, **overrides)
 
 
 def _timm_mobilenet(tiny):
@@ -143,10 +145,10 @@ def _timm_convnext(tiny):
 # ------------------------------------------------------------------ transformers
 
 def _hf(config_name, model_name, full, tiny_kw):
-    def build(tiny):
+    def build(tiny, **overrides):
         import transformers
 
-        kw = dict(full)
+        kw = dict(full, **overrides)
         if tiny:
             kw = dict(tiny_kw, vocab_size=TINY_VOCAB)
         config = getattr(transformers, config_name)(**kw)

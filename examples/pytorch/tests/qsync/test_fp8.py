@@ -81,6 +81,27 @@ class Fp8Gemms(unittest.TestCase):
         self.assertTrue(bool(((x.grad.double().cpu() - dy @ wd).abs() <= dx_bound).all()))
         self.assertTrue(bool(((w.grad.double().cpu() - dy.t() @ xd).abs() <= dw_bound).all()))
 
+    def test_a_token_count_that_is_no_multiple_of_16(self):
+        # the weight gradient reduces over the tokens, which fp8 GEMMs want a multiple of
+        # 16 on CUDA: the transposes are padded with zeros, the bound still holds
+        for rows in (13, 1, 394 % 48):
+            xs, dys = self.x[:rows], self.dy[:rows]
+            x = xs.to(DEVICE).requires_grad_()
+            w = self.w.to(DEVICE, copy=True).requires_grad_()  # a gradient of its own each time
+            fp8.linear(x, w).backward(dys.to(DEVICE).to(fp8.CARRIER))
+            sx = fp8.quantize(xs, fp8.E4M3)[1].item()
+            sg = fp8.quantize(dys.bfloat16(), fp8.E5M2)[1].item()
+            dy, xd = dys.bfloat16().double(), xs.double()
+            bound = fp8.gemm_bound(dy.t(), xd, fp8.E5M2, fp8.E4M3, sg, sx, out_rounding=2.0 ** -24)
+            self.assertEqual(tuple(x.grad.shape), (rows, 64))
+            self.assertTrue(bool(((w.grad.double().cpu() - dy.t() @ xd).abs() <= bound).all()), rows)
+
+    def test_the_transpose_is_padded_with_zeros(self):
+        q, qt, _ = fp8.cast(self.x[:13].to(DEVICE), fp8.E4M3)
+        self.assertEqual(tuple(qt.shape), (64, 16))
+        self.assertTrue(torch.equal(qt[:, :13].view(torch.uint8), q.t().view(torch.uint8)))
+        self.assertFalse(bool(qt[:, 13:].view(torch.uint8).any()))
+
     def test_a_bf16_input_gets_a_bf16_gradient_within_the_bound(self):
         # the input gradient comes out of the GEMM in the input's type
         x = self.x.bfloat16().to(DEVICE).requires_grad_()
@@ -177,7 +198,7 @@ class FusedCast(unittest.TestCase):
 
     def inputs(self):
         g = torch.Generator(device="cuda").manual_seed(11)
-        for shape in [(1, 16), (67, 129), (64, 64), (300, 1000), (1024, 2048)]:
+        for shape in [(1, 16), (67, 129), (64, 64), (72, 136), (130, 8), (300, 1000), (1024, 2048)]:
             x = torch.randn(*shape, device="cuda", generator=g)
             x[0, 0] *= 1e4  # outlier: most values far below amax, some near the subnormals
             if shape[0] > 2 and shape[1] > 5:
@@ -201,26 +222,39 @@ class FusedCast(unittest.TestCase):
                                     (scale.isnan().item() and want_scale.isnan().item()), what)
                     self.assertTrue(torch.equal(q.view(torch.uint8), want.view(torch.uint8)), what)
                     self.assertTrue(torch.equal(qt.view(torch.uint8),
-                                                want.t().contiguous().view(torch.uint8)), what)
+                                                fp8.padded_t(want).view(torch.uint8)), what)
 
     def test_a_tensor_stored_transposed_is_cast_without_a_copy_and_the_same(self):
         w = torch.randn(96, 160, device="cuda").t()  # a Conv1D weight: its .t() is contiguous
         want, _ = fp8.quantize(w, fp8.E4M3)
         q, qt, _ = fp8.cast(w, fp8.E4M3)
         self.assertTrue(torch.equal(q.view(torch.uint8), want.view(torch.uint8)))
-        self.assertTrue(torch.equal(qt.view(torch.uint8), want.t().contiguous().view(torch.uint8)))
+        self.assertTrue(torch.equal(qt.view(torch.uint8), fp8.padded_t(want).view(torch.uint8)))
 
     def test_bad_inputs_are_refused_by_name(self):
         m = _fused_cast()
-        one = torch.ones((), device="cuda")
+        inv = fp8.INV_MAX[fp8.E4M3]
         with self.assertRaisesRegex(Exception, "contiguous 2-D CUDA"):
-            m.fp8_cast(torch.ones(4, 4, 4, device="cuda"), one, fp8.E4M3, 448.0, True)
-        with self.assertRaisesRegex(Exception, "one fp32 value"):
-            m.fp8_cast(torch.ones(4, 4, device="cuda"), one.double(), fp8.E4M3, 448.0, True)
+            m.fp8_cast(torch.ones(4, 4, 4, device="cuda"), fp8.E4M3, 448.0, inv, True)
+        with self.assertRaisesRegex(Exception, "contiguous 2-D CUDA"):
+            m.fp8_cast(torch.ones(4, 4), fp8.E4M3, 448.0, inv, True)
+        with self.assertRaisesRegex(Exception, "not reciprocals"):
+            m.fp8_cast(torch.ones(4, 4, device="cuda"), fp8.E4M3, 448.0, 1.0, True)
         with self.assertRaisesRegex(Exception, "float8_e4m3fn or float8_e5m2"):
-            m.fp8_cast(torch.ones(4, 4, device="cuda"), one, torch.bfloat16, 448.0, True)
+            m.fp8_cast(torch.ones(4, 4, device="cuda"), torch.bfloat16, 448.0, inv, True)
         with self.assertRaisesRegex(Exception, "float32, bfloat16 or float16"):
-            m.fp8_cast(torch.ones(4, 4, device="cuda").double(), one, fp8.E4M3, 448.0, True)
+            m.fp8_cast(torch.ones(4, 4, device="cuda").double(), fp8.E4M3, 448.0, inv, True)
+
+    def test_empty_and_misaligned_inputs(self):
+        # no rows: no launch, scale 1; a view 2 bytes into its storage: the value-by-value path
+        q, qt, scale = fp8.cast(torch.ones(0, 32, device="cuda"), fp8.E4M3)
+        self.assertEqual((tuple(q.shape), tuple(qt.shape), scale.item()), ((0, 32), (32, 0), 1.0))
+        base = torch.randn(40 * 72 + 1, device="cuda").bfloat16()
+        x = base[1:].view(40, 72)
+        want, _ = fp8.quantize(x, fp8.E5M2)
+        q, qt, _ = fp8.cast(x, fp8.E5M2)
+        self.assertTrue(torch.equal(q.view(torch.uint8), want.view(torch.uint8)))
+        self.assertTrue(torch.equal(qt.view(torch.uint8), fp8.padded_t(want).view(torch.uint8)))
 
     def test_the_linear_gives_the_torch_casts_bits(self):
         # the fp8 linear with the fused cast and with the torch expression: identical outputs

@@ -157,7 +157,7 @@ class Arguments(unittest.TestCase):
     def test_parts_defaults_and_refusals(self):
         one = fq.parse_args(["--out", "x", "--part", "1/2"])
         two = fq.parse_args(["--out", "x", "--part", "2/2"])
-        self.assertEqual(one.models + two.models, ["hf-llama", "hf-gpt2", "tv-vit-b16"])
+        self.assertEqual(one.models + two.models, ["hf-llama-4k", "hf-gpt2-2k", "timm-vit-g14"])
         self.assertEqual((one.steps, one.seeds, one.last_k, one.targets), (200, [0, 1, 2], 20,
                                                                           [80.0]))
         a = fq.parse_args(["--out", "x", "--seeds", "3,5", "--batch", "hf-gpt2=16"])
