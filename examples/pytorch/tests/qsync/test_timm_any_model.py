@@ -4,7 +4,10 @@ ViTs with and without class tokens, windowed, pooling, mixer, hybrid and cross-s
 transformers), built without weights at their default input size, batch 2, on the CPU.
 For each: the recording attributes every op, a mixed plan (two parameter ops kept at
 fp32 in a bf16 step) runs a training step with finite gradients, and where fp8 GEMMs run
-here, a plan whose default is fp8 does too. Needs torch and timm (skipped otherwise)."""
+here, a plan whose default is fp8 does too: on a GPU where there is one (its token
+counts, e.g. 2 x 197, are no multiple of 16: the GEMMs' padding is exercised), else on
+the CPU (a CPU without native fp8 runs _scaled_mm's reference code, minutes per model).
+Needs torch and timm (skipped otherwise)."""
 
 import unittest
 
@@ -24,14 +27,18 @@ MODELS = ("resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "deit_t
           "visformer_tiny", "twins_svt_small", "gcvit_xxtiny")
 
 
-def _fp8_runs():
-    try:
-        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-        one = torch.ones(())
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        return True
-    except (AttributeError, RuntimeError, NotImplementedError, TypeError):
-        return False
+def _fp8_device():
+    """Where the fp8 plan runs: the GPU if _scaled_mm runs there, else the CPU if it runs
+    there, else None."""
+    for dev in (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]:
+        try:
+            a = torch.ones(16, 16, device=dev).to(torch.float8_e4m3fn)
+            one = torch.ones((), device=dev)
+            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            return dev
+        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+            continue
+    return None
 
 
 @unittest.skipIf(timm is None, "needs torch and timm")
@@ -41,7 +48,7 @@ class AnyTimmModel(unittest.TestCase):
         from qsync import qsync_model as qm
         from qsync.apply_plan import applied_plan
 
-        fp8 = _fp8_runs()
+        fp8_device = _fp8_device()
         for name in MODELS:
             with self.subTest(model=name):
                 torch.manual_seed(0)
@@ -53,8 +60,8 @@ class AnyTimmModel(unittest.TestCase):
                 side = m.default_cfg["input_size"][-1]
                 x, y = torch.randn(2, 3, side, side), torch.randint(0, 10, (2,))
 
-                def step():
-                    return F.cross_entropy(m(x).float(), y)
+                def step(dev="cpu"):
+                    return F.cross_entropy(m(x.to(dev)).float(), y.to(dev))
 
                 records = ex.record_ops(m, step, "fp32", device_type="cpu")
                 model_json = qm.model_json(records, name)
@@ -63,20 +70,19 @@ class AnyTimmModel(unittest.TestCase):
                 attributed = sum(o["param_numel"] for o in model_json["ops"])
                 # every parameter belongs to an op (tied ones once)
                 self.assertEqual(attributed, sum(p.numel() for p in m.parameters()), name)
-                plans = [{"default": "bf16",
-                          "ops": {params[0]: "fp32", params[len(params) // 2]: "fp32"}}]
-                if fp8:
-                    plans.append({"default": "fp8"})
-                for plan in plans:
-                    m.zero_grad(set_to_none=True)
-                    with applied_plan(m, plan, model_json, device_type="cpu") as ap:
+                plans = [({"default": "bf16",
+                           "ops": {params[0]: "fp32", params[len(params) // 2]: "fp32"}}, "cpu")]
+                if fp8_device:
+                    plans.append(({"default": "fp8"}, fp8_device))
+                for plan, dev in plans:
+                    m.to(dev).zero_grad(set_to_none=True)
+                    with applied_plan(m, plan, model_json, device_type=dev) as ap:
                         with ap.step_context():
-                            loss = step()
+                            loss = step(dev)
                         loss.backward()
                     grads = [p.grad for p in m.parameters() if p.grad is not None]
                     self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads),
-                                    (name, plan.get("default")))
-
+                                    (name, plan.get("default"), dev))
 
 if __name__ == "__main__":
     unittest.main()
