@@ -44,6 +44,10 @@ options:
   --plan FILE           predict this plan instead of choosing one (plan JSON as
                         --out writes it, or {"default": "bf16", "ops": {...}})
   --json FILE           write predicted time and memory per device as JSON
+  --timeline FILE       with --plan: where the prediction's time goes, as CSV, one row
+                        per replayed kernel of the first device group (op, kind, host
+                        ms, GPU ms, when the host has issued it, its start and end on
+                        the GPU), then the tail's row
   --switch-costs FILE   what a precision switch costs on every group's device, as
                         switch_probe.py measures it (its "device" object: cast fits,
                         cast_host_ms, cast_backward_host_ms, wrap_host_ms)
@@ -107,7 +111,7 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string model = "resnet50", cluster_name = "t4v100", out, solver = "greedy";
-  std::string traces, plain_traces, plan_file, json_out, switch_costs;
+  std::string traces, plain_traces, plan_file, json_out, switch_costs, timeline;
   int batch = 0, seq = 384;
   double target_ms = 0;
   double target_slack = -1;    // percent over the fastest uniform plan; < 0: not given
@@ -218,6 +222,8 @@ options parse_args(int argc, char** argv) {
       o.plan_file = value();
     } else if (a == "--json") {
       o.json_out = value();
+    } else if (a == "--timeline") {
+      o.timeline = value();
     } else if (a == "--switch-costs") {
       o.switch_costs = value();
     } else if (a == "--all-ops") {
@@ -226,6 +232,8 @@ options parse_args(int argc, char** argv) {
       throw usage_error("unknown option '" + a + "'");
     }
   }
+  if (!o.timeline.empty() && o.plan_file.empty())
+    throw usage_error("--timeline writes the replay of a given plan: it needs --plan");
   return o;
 }
 
@@ -369,6 +377,33 @@ void write_predictions(const std::string& path, const simulator& sim,
   std::printf("  predictions written to %s\n", path.c_str());
 }
 
+// Writes group 0's replayed kernels of `e` as CSV (--timeline): each kernel's op and kind,
+// host and GPU time, when the host has issued it and when it runs on the compute stream;
+// a last row for the tail (the optimizer step and whatever no op launched).
+void write_timeline(const std::string& path, const simulator& sim, const evaluation& e) {
+  static const char* const kinds[] = {"forward", "backward", "cast", "optimizer", "code"};
+  const group_result& g = e.groups.at(0);
+  const stream_times t = replay_streams(g.trace.kernels);
+  std::ofstream out(path);
+  if (!out) throw usage_error("cannot write '" + path + "'");
+  out << "index,op,kind,cpu_ms,gpu_ms,issued_ms,start_ms,end_ms\n";
+  double issued = 0.0;
+  char line[128];
+  for (std::size_t i = 0; i < g.trace.kernels.size(); ++i) {
+    const kernel& k = g.trace.kernels[i];
+    issued += k.cpu_ms;
+    std::snprintf(line, sizeof line, ",%s,%.6f,%.6f,%.6f,%.6f,%.6f\n",
+                  kinds[static_cast<int>(k.kind)], k.cpu_ms, k.gpu_ms, issued, t.start[i],
+                  t.end[i]);
+    out << i << "," << (k.op == no_index ? std::string() : sim.graph().at(k.op).name) << line;
+  }
+  const double end = std::max(t.compute_end, t.cpu_end);
+  std::snprintf(line, sizeof line, ",tail,%.6f,%.6f,%.6f,%.6f,%.6f\n", g.trace.tail_cpu_ms,
+                g.trace.tail_ms, t.cpu_end + g.trace.tail_cpu_ms, end, end + g.trace.tail_ms);
+  out << g.trace.kernels.size() << "," << line;
+  std::printf("  timeline written to %s\n", path.c_str());
+}
+
 // --plan: predicts the given plan and prints its time and memory per device group.
 int predict_given(const options& o, const simulator& sim) {
   const plan pl = plan_from_json(sim, read_json_file(o.plan_file));
@@ -386,6 +421,7 @@ int predict_given(const options& o, const simulator& sim) {
         e.groups[g].fits ? "" : " (does not fit)");
   }
   if (!o.json_out.empty()) write_predictions(o.json_out, sim, {{o.plan_file, e}}, {pl.bucket_bits});
+  if (!o.timeline.empty()) write_timeline(o.timeline, sim, e);
   return 0;
 }
 

@@ -135,3 +135,70 @@ TEST_CASE("switch: cast fits and switch host times from device JSON") {
                           R"({"base": "H200", "cast_fits": {"fp8": {"a_ms": 1}}})")),
                       Catch::Contains("unknown fit 'fp8'"));
 }
+
+TEST_CASE("switch: fp8 ops take and give bf16, so a bf16 step casts nothing around them") {
+  // op0 (fp8) -> act (parameter-free) -> op1 (fp8) -> mid (bf16) -> op2 (fp8), measured
+  // at every precision: the fp8 GEMMs cast their operands inside their own measured time
+  // and hand on bf16, so the step prices no cast, and the activation runs at bf16.
+  device_profile d = round_device();
+  d.peak_tflops[index_of(P::fp8)] = 4;
+  d.peak_tflops[index_of(P::bf16)] = 2;
+  d.precisions = {P::fp8, P::bf16, P::fp32};
+  d.casts.float_to_float = {1e-6, 1e-3};
+  d.casts.quantize = d.casts.dequantize = {1e-5, 1e-2};
+  std::vector<op> ops = linear_chain(3);
+  op act;
+  act.name = "act";
+  act.kind = op_kind::gelu;
+  act.inputs = {"op0"};
+  act.output_numel = 1000;
+  ops[1].inputs = {"act"};
+  op mid = linear_op("mid", {"op1"});
+  mid.kind = op_kind::other;  // not one autocast keeps at fp32: its casts are priced
+  ops[2].inputs = {"mid"};
+  ops.insert(ops.begin() + 1, act);
+  ops.insert(ops.begin() + 3, mid);  // op0, act, op1, mid, op2
+  training_model m = model_of(ops);
+  m.casts = cast_rule::ambient;
+  device_group grp{d, 1, {}};
+  for (const op& o : ops)
+    for (P p : {P::fp8, P::fp16, P::bf16, P::fp32}) grp.measured.set(o.name, p, {1.0, 1.0});
+  for (P p : {P::fp8, P::bf16, P::fp32}) grp.measured.set_tail(p, {0.1, 0.0});
+  const simulator sim(m, {"one", {grp}, {"l", 1, 0}});
+  const std::vector<P> plan = {P::fp8, P::fp32, P::fp8, P::bf16, P::fp8};
+  const std::vector<P> resolved = sim.resolve(0, plan);
+  REQUIRE(resolved[1] == P::bf16);  // the follower of an fp8 op runs at what it carries
+  for (const kernel& k : sim.trace(0, resolved).kernels) REQUIRE(k.kind != kernel_kind::cast);
+  // mid at fp32 instead: its input and output are cast from and to bf16, not fp8.
+  const std::vector<P> fp32_mid = sim.resolve(0, {P::fp8, P::fp32, P::fp8, P::fp32, P::fp8});
+  int casts = 0;
+  for (const kernel& k : sim.trace(0, fp32_mid).kernels)
+    if (k.kind == kernel_kind::cast) {
+      ++casts;
+      REQUIRE(k.gpu_ms == Approx(d.casts.float_to_float.at(1000)));
+    }
+  REQUIRE(casts == 4);  // into and out of mid, forward and backward
+}
+
+TEST_CASE("switch: an op without a backward costs nothing there, measured or not") {
+  std::vector<op> ops = linear_chain(2);
+  op id;
+  id.name = "identity";
+  id.inputs = {"op0"};
+  id.output_numel = 1e6;
+  id.bytes = 8e6;
+  ops[1].inputs = {"identity"};
+  ops.insert(ops.begin() + 1, id);
+  const cost_model plain(round_device());
+  REQUIRE(plain.time(ops[1], P::fp32).backward_ms > 0);  // the roofline's copy
+  ops[1].has_backward = false;
+  REQUIRE(plain.time(ops[1], P::fp32).backward_ms == 0.0);
+  REQUIRE(plain.host_time(ops[1], P::fp32).backward_ms == 0.0);
+  REQUIRE(plain.time(ops[1], P::fp32).forward_ms > 0);
+  // from a model JSON: "backward": false
+  const training_model m = model_from_json(nlohmann::json::parse(R"({"ops": [
+      {"name": "a", "kind": "linear", "param_numel": 10},
+      {"name": "b", "inputs": ["a"], "backward": false}]})"));
+  REQUIRE(m.graph.at(0).has_backward);
+  REQUIRE_FALSE(m.graph.at(1).has_backward);
+}

@@ -229,6 +229,12 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         outs = tensors(out)
         r = records[op]
         r["output_numel"] = float(_numel(outs))
+        # whether the op has a backward at all: an output whose autograd node the op made.
+        # An identity, a dropout of p = 0 or a view-only op hands on its input's node (or
+        # none) and does nothing in backward; instrument() opens no "N.backward" range
+        # for it either, so its profile holds no backward to price.
+        r["backward"] = r.get("backward", False) or any(
+            t.grad_fn is not None and t.grad_fn._sequence_nr() > started[op] for t in outs)
         for t in outs:
             if t.grad_fn is not None:
                 producer[t.grad_fn] = op

@@ -164,6 +164,8 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
             for k in ("function", "caller"):
                 if r.get(k) is not None:
                     o[k] = r[k]
+        if r.get("backward") is False:  # its forward made no autograd node (export.py)
+            o["backward"] = False
         if r.get("weights_from"):  # its first input holds its weights (export.py)
             o["weights_from"] = list(r["weights_from"])
         if saved:

@@ -128,23 +128,27 @@ class cost_model {
   const measured_table& measured() const noexcept { return measured_; }
 
   /// GPU time of `o` at `p` (clamped to the op's 16-bit floor): the measured value when
-  /// there is one, the roofline otherwise.
+  /// there is one, the roofline otherwise; no backward for an op without one
+  /// (op::has_backward).
   op_time time(const op& o, precision p) const {
     p = clamp_precision(o.kind, p);
     const op_time* t = measured_.find(o.name, p);
-    if (t && t->forward_ms >= 0 && t->backward_ms >= 0) return *t;
-    op_time r = roofline(o, p);
+    op_time r = t && t->forward_ms >= 0 && t->backward_ms >= 0 ? *t : roofline(o, p);
     if (t && t->forward_ms >= 0) r.forward_ms = t->forward_ms;
     if (t && t->backward_ms >= 0) r.backward_ms = t->backward_ms;
+    if (!o.has_backward) r.backward_ms = 0.0;
     return r;
   }
 
   /// Host time to issue `o`'s forward and backward at `p` (the CPU chain): the measured
-  /// value when there is one, one kernel launch (`launch_ms`) otherwise.
+  /// value when there is one, one kernel launch (`launch_ms`) otherwise; none for the
+  /// backward of an op without one.
   op_time host_time(const op& o, precision p) const {
     const op_time* t = measured_.find_host(o.name, clamp_precision(o.kind, p));
-    return {t && t->forward_ms >= 0 ? t->forward_ms : dev_.launch_ms,
-            t && t->backward_ms >= 0 ? t->backward_ms : dev_.launch_ms};
+    return {t && t->forward_ms >= 0 ? t->forward_ms : dev_.launch_ms, !o.has_backward ? 0.0
+                                                                      : t && t->backward_ms >= 0
+                                                                          ? t->backward_ms
+                                                                          : dev_.launch_ms};
   }
 
   /// True when `o`'s forward (or backward) GPU time at `p` was measured. A profile at a

@@ -111,6 +111,10 @@ struct op {
   /// goes through it (see simulator::trace).
   std::vector<std::string> via_code;
   std::vector<precision> allowed;  ///< empty: whatever the device offers
+  /// False for an op whose forward makes no autograd node (an identity, a dropout of
+  /// p = 0, a view): it does nothing in backward, and its profile has no backward range
+  /// to measure (the cost model prices its backward at 0, not from the roofline).
+  bool has_backward = true;
   tensor_stats stats;
   /// Bytes the op saved for backward when profiled at each precision (indexed by
   /// index_of), negative where not measured. Measured sizes see what the storage-width

@@ -53,7 +53,8 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 /// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb", "casts",
 ///   "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
 ///            "param_numel", "inputs": [...], "via_code": [...], "allowed": ["fp16", ...],
-///            "stats": {"weight_norm", ...}}]}`.
+///            "backward": false (no backward work; default true), "stats": {"weight_norm",
+///            ...}}]}`.
 /// Unknown input ops and cycles are reported by op_graph, naming the op.
 inline training_model model_from_json(const nlohmann::json& j) {
   LOWBIT_EXPECTS(j.is_object(), "model JSON: expected an object");
@@ -89,6 +90,7 @@ inline training_model model_from_json(const nlohmann::json& j) {
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
       if (x.contains("via_code")) o.via_code = x["via_code"].get<std::vector<std::string>>();
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
+      o.has_backward = x.value("backward", true);
       // Measured bytes per precision: {"fp32": B, "bf16": B}.
       const auto per_precision = [&](const char* key, std::array<double, precision_count>& to) {
         if (x.contains(key))

@@ -40,6 +40,16 @@ constexpr int storage_bits(precision p) noexcept {
   }
 }
 
+/// The precision of the tensors an op at `p` takes and hands on. An fp8 op is a GEMM that
+/// casts its operands to fp8 inside itself (with their current scales) and rounds its
+/// output to bf16 in the GEMM's epilogue, as lowbit's plan applier, Transformer Engine and
+/// torchao's float8 run it: the tensors between it and its neighbours are bf16, and an op
+/// that only follows it (a parameter-free op) runs at bf16. Every other precision carries
+/// itself.
+constexpr precision carried_precision(precision p) noexcept {
+  return p == precision::fp8 ? precision::bf16 : p;
+}
+
 /// Explicit mantissa bits of a floating format (fp8 means E4M3, the training forward
 /// format); 0 for int8, whose error is set by its scale instead.
 constexpr int mantissa_bits(precision p) noexcept {

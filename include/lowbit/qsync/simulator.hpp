@@ -79,8 +79,9 @@ class simulator {
     return menus_.at(g).at(i);
   }
 
-  /// Fills in the parameter-free ops of `per_op`: each takes its first input's precision
-  /// (fp32 for graph inputs), moved to the nearest one its menu allows. Throws when a
+  /// Fills in the parameter-free ops of `per_op`: each takes the precision its first input
+  /// carries (carried_precision: bf16 behind an fp8 op; fp32 for graph inputs), moved to
+  /// the nearest one its menu allows. Throws when a
   /// parameter op's precision is not in its menu, naming op and device.
   std::vector<precision> resolve(std::size_t g, std::vector<precision> per_op) const {
     const op_graph& gr = model_.graph;
@@ -96,7 +97,8 @@ class simulator {
                            " on " + hw_.groups[g].device.name);
       } else {
         const auto& in = gr.producers(i);
-        per_op[i] = nearest_allowed(m, in.empty() ? precision::fp32 : per_op[in.front()]);
+        per_op[i] = nearest_allowed(
+            m, in.empty() ? precision::fp32 : carried_precision(per_op[in.front()]));
       }
     }
     return per_op;
@@ -114,7 +116,12 @@ class simulator {
   /// output costs p[j] -> p[i] unless the consumer is at A (it reads that copy), an edge
   /// through code between the ops costs A -> p[i]; gradients go back the same ways. An op
   /// whose time at its precision was measured gets no weight or graph-input casts: its
-  /// autocast profile holds them. Each op kernel carries the op's host time (measured,
+  /// autocast profile holds them. Edges carry carried_precision of their ops (an fp8 op
+  /// takes and gives bf16 and casts its input and its output gradient to fp8 inside
+  /// itself: priced as casts where its time is not measured), and the ambient is
+  /// what the dominant precision carries (a plan of mostly fp8 ops steps at bf16); the code
+  /// between the ops, the tail and the wrapped ops are those of the dominant precision's
+  /// own profile and step. Each op kernel carries the op's host time (measured,
   /// else one launch); an edge cast carries the device's cast host time (forward, or its
   /// gradient's in backward), a weight or graph-input cast one launch. Through the
   /// ambient, every op the applier wraps (wrapped_ops) carries the host time of its hooks
@@ -135,7 +142,9 @@ class simulator {
       if (from != to && numel > 0 && cm.cast_ms(from, to, numel) > 0)
         push(host, cm.cast_ms(from, to, numel), kernel_kind::cast, i);
     };
-    const precision ambient = dominant_precision(p);
+    const precision step = dominant_precision(p);
+    const precision ambient = carried_precision(step);
+    const auto carried = [&](std::size_t i) { return carried_precision(p[i]); };
     const bool through_ambient = model_.casts == cast_rule::ambient;
     // Through the ambient: whether op i's output cast to the ambient precision is read,
     // by code between the ops or directly by an op at the ambient precision. Unread, it is
@@ -143,7 +152,7 @@ class simulator {
     std::vector<bool> ambient_copy_read(gr.size(), false);
     for (std::size_t i = 0; through_ambient && i < gr.size(); ++i)
       for (std::size_t c : gr.consumers(i))
-        if (gr.via_code(c, i) || p[c] == ambient) ambient_copy_read[i] = true;
+        if (gr.via_code(c, i) || carried(c) == ambient) ambient_copy_read[i] = true;
     // Through the ambient, an op autocast keeps at fp32 (autocast_runs_fp32) takes and
     // gives fp32 at any precision the plan names, and its neighbours' 16-bit profiles hold
     // the casts around it: the applier's casts around it replace those, none are added.
@@ -155,13 +164,13 @@ class simulator {
       if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i, edge_host[backward]);
     };
     const std::vector<bool> wrapped =
-        through_ambient ? wrapped_ops(p, ambient) : std::vector<bool>(gr.size(), false);
+        through_ambient ? wrapped_ops(p, step) : std::vector<bool>(gr.size(), false);
     const double wrap = cm.device().switches.wrap_ms;
     // The code between the ops (residual adds, functional attention, a loss), measured
     // before each op in the profile whose tail the plan takes: the code runs at the
     // ambient precision. Its host time is in the op's (cpu 0 here); its kernels run before
     // the op's, where the host issued them, not after the last op.
-    const auto code_source = cm.tail_source(ambient);
+    const auto code_source = cm.tail_source(step);
     const auto code = [&](std::size_t i) {
       return code_source ? cm.code_time(gr.at(i), *code_source) : op_time{0.0, 0.0};
     };
@@ -173,16 +182,23 @@ class simulator {
         cast(precision::fp32, p[i], o.stats.input_numel, i, launch);
       for (std::size_t j : gr.producers(i)) {
         if (!through_ambient)
-          cast(p[j], p[i], gr.at(j).output_numel, i, edge_host[0]);
+          cast(carried(j), carried(i), gr.at(j).output_numel, i, edge_host[0]);
         else if (gr.via_code(i, j))
-          edge_cast(ambient, p[i], gr.at(j).output_numel, i, i, false);
-        else if (p[i] != ambient)  // at the ambient, it reads the producer's ambient copy
-          edge_cast(p[j], p[i], gr.at(j).output_numel, i, j, false);
+          edge_cast(ambient, carried(i), gr.at(j).output_numel, i, i, false);
+        else if (carried(i) != ambient)  // at the ambient, it reads the producer's ambient copy
+          edge_cast(carried(j), carried(i), gr.at(j).output_numel, i, j, false);
       }
       if (o.has_params() && !inside) cast(precision::fp32, p[i], o.param_numel, i, launch);
+      // An op that does not carry its own precision (fp8) casts its operands inside
+      // itself: priced here where its time is not measured (a measured profile holds it).
+      if (!inside && carried(i) != p[i] && !gr.producers(i).empty()) {
+        double in = 0;
+        for (std::size_t j : gr.producers(i)) in += gr.at(j).output_numel;
+        cast(carried(i), p[i], in, i, launch);
+      }
       push(cm.host_time(o, p[i]).forward_ms + (wrapped[i] ? wrap : 0.0),
            cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
-      if (through_ambient) edge_cast(p[i], ambient, o.output_numel, i, i, false);
+      if (through_ambient) edge_cast(carried(i), ambient, o.output_numel, i, i, false);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
     const auto& order = gr.topo_order();
@@ -192,13 +208,15 @@ class simulator {
       if (const double c = code(i).backward_ms; c > 0) push(0.0, c, kernel_kind::code, i);
       for (std::size_t c : gr.consumers(i)) {
         if (!through_ambient)
-          cast(p[c], p[i], o.output_numel, i, edge_host[1]);
+          cast(carried(c), carried(i), o.output_numel, i, edge_host[1]);
         else if (gr.via_code(c, i))
-          edge_cast(p[c], ambient, o.output_numel, i, c, true);
-        else if (p[c] != ambient)
-          edge_cast(p[c], p[i], o.output_numel, i, c, true);
+          edge_cast(carried(c), ambient, o.output_numel, i, c, true);
+        else if (carried(c) != ambient)
+          edge_cast(carried(c), carried(i), o.output_numel, i, c, true);
       }
-      if (ambient_copy_read[i]) edge_cast(ambient, p[i], o.output_numel, i, i, true);
+      if (ambient_copy_read[i]) edge_cast(ambient, carried(i), o.output_numel, i, i, true);
+      if (carried(i) != p[i] && o.has_backward && !cm.measured_with_casts(o, p[i], true))
+        cast(carried(i), p[i], o.output_numel, i, launch);  // its output gradient, inside it
       push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
            i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
@@ -210,7 +228,7 @@ class simulator {
       for (std::size_t i : b.ops) last = std::max(last, grad_ready[i]);
       t.bucket_ready.push_back(last);
     }
-    const tail_time tail = cm.tail(ambient, gr.total_params(), model_.optimizer_bytes_per_param);
+    const tail_time tail = cm.tail(step, gr.total_params(), model_.optimizer_bytes_per_param);
     t.tail_ms = tail.gpu_ms;
     t.tail_cpu_ms = tail.cpu_ms;
     return t;

@@ -296,6 +296,28 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(set(records["flat"]["inputs"]), {"proj", "inp"})
         self.assertEqual(records["proj"]["inputs"], ["inp"])
 
+    def test_ops_without_a_backward_are_marked(self):
+        # An identity, a dropout of p = 0 (it returns its input) and a view-free pass-through
+        # make no autograd node: no backward work, and the profile has no backward range for
+        # them, so the model JSON says "backward": false (lowbit-plan prices 0, not the
+        # roofline). An in-place ReLU on a linear's output and the linears have one.
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.same, self.drop = nn.Linear(4, 8), nn.Identity(), nn.Dropout(0.0)
+                self.act, self.fc2 = nn.ReLU(inplace=True), nn.Linear(8, 2)
+
+            def forward(self, x):
+                return self.fc2(self.act(self.drop(self.same(self.fc1(x)))))
+
+        model, x = M().train(), torch.randn(3, 4)
+        records = ex.record_ops(model, lambda: model(x).square().mean(), "fp32",
+                                device_type="cpu")
+        backward = {o["name"]: o.get("backward", True)
+                    for o in qm.model_json(records, "m")["ops"]}
+        self.assertEqual(backward, {"fc1": True, "same": False, "drop": False, "act": True,
+                                    "fc2": True})
+
     def test_buffers_left_as_found(self):
         model, step = self.make()
         before = {n: b.clone() for n, b in model.named_buffers()}
