@@ -18,6 +18,7 @@ collective. No host wait.
 
 import collections
 import math
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -145,7 +146,10 @@ class DDPState:
         first over the second; the crossover in use per (dtype, bits); bucket_bits, each
         bucket index's bits at its last call (16 and 32: the full-precision path, whose
         calls are counted as full_precision_calls / full_precision_bytes); with a plan,
-        unplanned_parameters, the names of the model's parameters it does not name."""
+        unplanned_parameters, the names of the model's parameters it does not name. At
+        DDP's bucket rebuild: layout_rebuilds, feedback_fresh_on_rebuild (parameters with
+        no state to carry), stage2_dropped_on_rebuild (buckets whose second-stage residual
+        restarted at zero). A counter appears once it is not zero."""
         s = dict(self._stats)
         s["bucket_bits"] = dict(self._bucket_bits)
         if self.plan is not None:
@@ -285,7 +289,15 @@ class DDPState:
         dtype, step, grid and feedback state (host copies), the bits (an int, or the plan as
         PlanBits.to_json() gives it), each bucket's bits at its last call (bucket_bits), and
         the crossovers measured. Synchronises with the hook's streams (the state must be
-        complete)."""
+        complete). The second-stage residual of "residual_stage2" and "ef21" with more than
+        two ranks (each shard owner's) is not in it: a resume restarts it at zero, with a
+        warning here."""
+        lost = self._stage2_buckets()
+        if lost:
+            warnings.warn(
+                "lowbit_torch.DDPState.state_dict: the second-stage residual of feedback=%r "
+                "(each shard owner's, %d bucket(s)) is not saved; a resume restarts it at zero"
+                % (self.feedback, lost))
         for s in self._streams.values():
             s.synchronize()
         buckets = {}
@@ -364,6 +376,13 @@ class DDPState:
         ids_of, self._params = self._params, {}
         if self.feedback == "none":
             return
+        lost = self._stage2_buckets()
+        if lost:
+            self._stats["stage2_dropped_on_rebuild"] += lost
+            warnings.warn(
+                "lowbit_torch.DDPState: DDP rebuilt its buckets; the second-stage residual of "
+                "feedback=%r (each shard owner's, %d bucket(s)) is not carried over and "
+                "restarts at zero (stats()['stage2_dropped_on_rebuild'])" % (self.feedback, lost))
         for index, h in self._buckets.items():
             ids, shapes = ids_of.get(index), self._layouts.get(index)
             if ids is None or shapes is None:
@@ -379,6 +398,15 @@ class DDPState:
                     for t in (worker, replicated)) + (h.step,)
                 offset += n
         self._buckets.clear()
+
+    def _stage2_buckets(self):
+        """How many buckets hold a second-stage residual: with more than two ranks,
+        two-phase's owner re-encodes its reduced shard, and "residual_stage2" and "ef21"
+        keep a residual of that re-encoding in the collective, per shard, on its owner.
+        That state is neither carried over a rebuild nor saved by state_dict()."""
+        if self.feedback not in ("residual_stage2", "ef21") or self.comm.size <= 2:
+            return 0
+        return sum(1 for h in self._buckets.values() if h.algorithm != "one_shot")
 
     def _load_carried(self, index, h):
         """Loads bucket ``index``'s new collective with its parameters' carried slices (a

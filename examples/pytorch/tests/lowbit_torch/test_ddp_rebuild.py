@@ -15,6 +15,7 @@ class FakeHandle:
 
     def __init__(self, dtype, count, replicated):
         self.dtype, self.max_count, self.step = dtype, count, 0
+        self.algorithm = "two_phase"
         self.worker = torch.zeros(count)
         self.replicated = torch.zeros(count) if replicated else torch.empty(0)
 
@@ -97,3 +98,35 @@ def test_without_feedback_nothing_is_carried(make_state):
     # the collective stays (no state to move), its step, stochastic rounding's key, goes on
     assert call(st, 0, [b, a]) is h and h.step == 5
     assert not st._carried and st.stats()["layout_rebuilds"] == 1
+
+
+@pytest.mark.parametrize("feedback", ["residual_stage2", "ef21"])
+def test_a_second_stage_residual_lost_at_a_rebuild_or_a_save_is_said(monkeypatch, feedback):
+    # with more than two ranks two-phase's owner keeps a residual of its re-encoded shard;
+    # it is not carried over a rebuild nor saved: counted and warned, never silent
+    monkeypatch.setattr(ddp, "communicator", lambda group: types.SimpleNamespace(
+        backend="nccl", size=4))
+    st = ddp.DDPState(bits=4, feedback=feedback, crossover=0)
+    st._new_handle = lambda dtype, count, grid: FakeHandle(dtype, count, feedback == "ef21")
+    st._streams = {}
+    a, b = torch.zeros(3), torch.zeros(5)
+    call(st, 0, [a, b])
+    with pytest.warns(UserWarning, match="not saved"):
+        st.state_dict()
+    with pytest.warns(UserWarning, match="restarts at zero"):
+        call(st, 0, [b, a])
+    assert st.stats()["stage2_dropped_on_rebuild"] == 1
+
+
+def test_no_second_stage_no_warning(monkeypatch):
+    monkeypatch.setattr(ddp, "communicator", lambda group: types.SimpleNamespace(
+        backend="nccl", size=2))  # two ranks: no re-encode
+    st = ddp.DDPState(bits=4, feedback="residual_stage2", crossover=0)
+    st._new_handle = lambda dtype, count, grid: FakeHandle(dtype, count, False)
+    a, b = torch.zeros(3), torch.zeros(5)
+    call(st, 0, [a, b])
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        call(st, 0, [b, a])
+    assert st.stats().get("stage2_dropped_on_rebuild", 0) == 0
