@@ -32,7 +32,7 @@ cost, at batches where the GEMMs dominate the step) it
    median after ``--time-warmup`` steps, its final loss the mean training loss of its
    last ``--last-k`` steps (on fresh batches). Rows go to ``OUT/quality.csv`` after
    every run (QUALITY_FIELDS; ``loss_gap`` is the final loss less bf16's of the same
-   seed).
+   seed; ``predicted_ms`` lowbit-plan's step time for the plan from step 1's profiles).
 
 Then it prints the table of scripts/qsync-fp8-table, which answers per model whether
 the first allocator plan keeps at least 70% of uniform fp8's speed-up over bf16
@@ -66,7 +66,7 @@ from . import qsync_model as qm
 from . import validate as v
 
 QUALITY_FIELDS = ["model", "batch", "plan", "seed", "steps", "final_loss", "loss_gap",
-                  "step_ms", "fp8_ops", "status", "date", "commit", "hardware"]
+                  "step_ms", "predicted_ms", "fp8_ops", "status", "date", "commit", "hardware"]
 GEMM_FIELDS = ["model", "batch", "m", "k", "n", "linears", "gemm", "bf16_us", "fp8_us",
                "speedup", "date", "commit", "hardware"]
 # The models, with their training batch (larger than the zoo's, so that GEMMs rather than
@@ -493,7 +493,8 @@ def profile(torch, args, name, case, batch, task, loss_fn):
 
 def allocator_plans(args, case, src, model, model_json):
     """Step 2: lowbit-plan --target-speedup T for each target, over the profiles in
-    `src` (OUT, or --from's), with the fp8 menu the applier can run; {name: plan}."""
+    `src` (OUT, or --from's), with the fp8 menu the applier can run; ({name: plan},
+    {name: predicted step ms}), the predictions of the uniform bf16 and fp8 plans too."""
     pdir = os.path.join(args.out, "plans")
     os.makedirs(pdir, exist_ok=True)
     mpath = qm.write_json(os.path.join(args.out, "%s.fp8menu.model.json" % case),
@@ -501,23 +502,31 @@ def allocator_plans(args, case, src, model, model_json):
     cluster = qm.write_json(os.path.join(args.out, "fp8menu.cluster.json"),
                             qm.cluster_json(qm.device_base(getattr(args, "gpu", "")),
                                             ("fp8", "bf16", "fp32")))
-    plans = {}
+    plans, predicted = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         base = v.plan_args(src, case, tmp, precisions=("fp32", "bf16", "fp8"),
                            gz=v.reads_gz(args.lowbit_plan, src, case))
         base[base.index("--model") + 1] = mpath
         base[base.index("--cluster") + 1] = cluster
+        for pn in ("bf16", "fp8"):
+            path = qm.write_json(os.path.join(tmp, pn + ".plan.json"), qm.uniform_plan(pn))
+            pred = os.path.join(tmp, pn + ".predicted.json")
+            v.lowbit_plan(args.lowbit_plan, base + ["--plan", path, "--json", pred])
+            predicted[pn] = qm.read_json(pred)["plans"][0]["iteration_ms"]
         for target in args.targets:
             pn = "alloc-fp8-%gpct" % target
             path = os.path.join(pdir, "%s_%s.lowbit.json" % (case, pn))
             v.lowbit_plan(args.lowbit_plan, base + ["--target-speedup", "%g" % target,
                                                     "--out", path, "--comm-bits", "32"])
             plans[pn] = qm.read_json(path)
+            predicted[pn] = plans[pn].get("predicted_iteration_ms")
             qm.write_json(os.path.join(pdir, "%s_%s.json" % (case, pn)), plans[pn])  # --from's
             log("%s: %s: %.2f ms predicted (target %.2f ms)" % (
                 case, pn, plans[pn].get("predicted_iteration_ms", 0.0),
                 plans[pn].get("target_ms", 0.0)))
-    return plans
+    log("%s: predicted uniform bf16 %.2f ms, fp8 %.2f ms" % (case, predicted["bf16"],
+                                                           predicted["fp8"]))
+    return plans, predicted
 
 
 def from_dir_model(args, case):
@@ -568,14 +577,16 @@ def run_model(torch, args, name, facts, budget, rows, gemm):
     lr = args.lr or MODELS[name]["lr"]
     case = "%s-b%d" % (name, batch)
     plans = {"bf16": qm.uniform_plan("bf16"), "fp8": qm.uniform_plan("fp8")}
+    predicted = {}  # plan -> lowbit-plan's step ms (with --lowbit-plan)
     plan_names = list(plans) + (["alloc-fp8-%gpct" % t for t in args.targets]
                                 if args.lowbit_plan or args.from_dir else [])
     base = dict(model=name, batch=batch, steps=args.steps, date=facts[0], commit=facts[1],
                 hardware=facts[2])
 
     def record(plan, seed, status, **kw):
+        ms = predicted.get(plan)
         row = dict(base, plan=plan, seed=seed, final_loss="", loss_gap="", step_ms="",
-                   fp8_ops="", status=status)
+                   predicted_ms="" if ms is None else "%.3f" % ms, fp8_ops="", status=status)
         row.update(kw)
         rows.append(row)
         qm.write_csv(os.path.join(args.out, "quality.csv"), QUALITY_FIELDS, rows)
@@ -610,7 +621,8 @@ def run_model(torch, args, name, facts, budget, rows, gemm):
                                                      "fp32", device_type=device), case)
         stage = "plan"
         if args.lowbit_plan:
-            plans.update(allocator_plans(args, case, src, model, model_json))
+            alloc, predicted = allocator_plans(args, case, src, model, model_json)
+            plans.update(alloc)
         elif args.from_dir:
             for pn in plan_names[2:]:
                 path = os.path.join(args.from_dir, "plans", "%s_%s.json" % (case, pn))

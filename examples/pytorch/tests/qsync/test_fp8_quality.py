@@ -90,6 +90,27 @@ class Tables(unittest.TestCase):
                       "1.20x (bf16 0.900 ms) |", text)
         self.assertIn("from `quality.csv` (2000-01-01, commit fixture, made-up figures", text)
 
+    def test_predicted_step_times_beside_the_measured_where_the_csv_has_them(self):
+        t = table_module()
+        rows = read(QUALITY)
+        self.assertNotIn("predicted", t.quality_table(rows, "q.csv"))  # older CSVs: as before
+        for r in rows:
+            r["predicted_ms"] = {"bf16": "101.000", "fp8": "76.000"}.get(r["plan"], "")
+        text = t.quality_table(rows, "q.csv")
+        self.assertIn("| step ms | predicted ms | error | vs bf16 |", text)
+        self.assertIn("| fixture-lm | 8 | fp8 | 56 | 2 | 81.00 | 76.00 | -6.2% | +24.7% |", text)
+        self.assertIn("| fixture-lm | 8 | alloc-fp8-80pct | 40 | 2 | 86.00 | - | - | +17.4% |",
+                      text)
+        with tempfile.TemporaryDirectory() as d:  # --merge keeps the column
+            part = os.path.join(d, "p.csv")
+            with open(part, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+            merged = os.path.join(d, "m.csv")
+            self.assertEqual(self.run_script("--merge", part, "-o", merged).returncode, 0)
+            self.assertEqual(read(merged)[1]["predicted_ms"], "76.000")
+
     def test_qsync_docs_counts_the_tables_as_citing_their_csvs(self):
         loader = importlib.machinery.SourceFileLoader(
             "qsync_docs_test", os.path.join(REPO, "scripts", "qsync-docs"))
@@ -335,6 +356,10 @@ class Smoke(unittest.TestCase):
             traces = sorted(os.listdir(os.path.join(d, "traces")))
         self.assertEqual([r["plan"] for r in rows], ["bf16", "fp8", "alloc-fp8-80pct"])
         self.assertTrue(all(r["status"] == "ok" for r in rows), rows)
+        # every plan's row carries lowbit-plan's prediction; the allocator's is its plan's
+        self.assertTrue(all(float(r["predicted_ms"]) > 0 for r in rows), rows)
+        self.assertAlmostEqual(float(rows[2]["predicted_ms"]), plan["predicted_iteration_ms"],
+                               places=3)
         self.assertIn("tiny-lm-b4.model.json", names)  # validate.run_case's
         self.assertIn("tiny-lm-b4_fp8.json.gz", traces)
         self.assertNotIn("tiny-lm-b4_fp16.json.gz", traces)  # no fp16 in this menu
