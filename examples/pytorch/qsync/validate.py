@@ -801,7 +801,8 @@ def parse_args(argv=None):
                          "those done) would end past this many seconds since the start; "
                          "the cases left are reported in failures.csv as skipped")
     ap.add_argument("--commit", default="",
-                    help="the commit measured (default: git rev-parse --short HEAD, if any)")
+                    help="the commit measured (default: git's short HEAD, +modified where "
+                         "tracked files differ from it)")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed iterations per plan (>= 20), over all rounds")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
@@ -938,11 +939,18 @@ def main(argv=None):
 
 
 def git_commit():
-    """The short commit of the repository this file is in, or ""."""
+    """The short commit of the repository this file is in, with "+modified" where tracked
+    files differ from it (a copy of a working tree beside an older .git names the wrong
+    code otherwise), or ""."""
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
-        return r.stdout.strip() if r.returncode == 0 else ""
+                           text=True, cwd=here)
+        if r.returncode != 0:
+            return ""
+        d = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, cwd=here)
+        return r.stdout.strip() + ("+modified" if d.returncode != 0 or d.stdout.strip() else "")
     except OSError:
         return ""
 
