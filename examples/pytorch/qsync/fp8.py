@@ -9,8 +9,9 @@ A linear op at fp8 runs its three GEMMs through ``torch._scaled_mm``:
 
 Scaling is per tensor and current (the scale of a tensor is its amax at this call times
 the fp32 reciprocal of the format's largest finite value; a tensor of zeros, or one with a
-NaN, gets scale 1), the rule torchao's float8 calls "dynamic" scaling; no amax history. The parameters keep their master copy at the
-precision the model holds them in (fp32): only the GEMM operands are fp8. The output is
+NaN, gets scale 1), the rule torchao's float8 calls "dynamic" scaling; no amax history.
+The parameters keep their master copy at the precision the model holds them in (fp32):
+only the GEMM operands are fp8. The output is
 in ``CARRIER`` (bf16), the dtype an fp8 op hands the ops after it, and the GEMMs accumulate
 in fp32.
 
@@ -56,6 +57,24 @@ INV_MAX = {f: (torch.ones((), dtype=torch.float32) / torch.tensor(m, dtype=torch
 ALIGN = 16
 #: the output types _scaled_mm rounds to in its epilogue
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def runs_on(device) -> bool:
+    """True when torch._scaled_mm runs on `device` (CUDA on sm_89 or later, or a CPU build
+    of torch that has it)."""
+    try:
+        a = torch.ones(16, 16, device=device).to(E4M3)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=CARRIER)
+        return True
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+def first_device():
+    """The GPU where fp8 GEMMs run on it, else the CPU where they run there, else None."""
+    devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
+    return next((d for d in devices if runs_on(d)), None)
 
 
 class Fp8Unsupported(ValueError):

@@ -275,16 +275,10 @@ def tiny_lm(torch):
 # --------------------------------------------------------------------- fp8 on device
 
 def fp8_runs(torch, device) -> bool:
-    """True when torch._scaled_mm runs on `device`."""
-    if not hasattr(torch, "float8_e4m3fn"):
-        return False
-    try:
-        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
-        one = torch.ones((), device=device)
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        return True
-    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-        return False
+    """True when torch._scaled_mm runs on `device` (qsync.fp8.runs_on)."""
+    from . import fp8
+
+    return fp8.runs_on(device)
 
 
 def standin(plan: dict) -> dict:
@@ -522,8 +516,7 @@ def allocator_plans(args, case, src, model, model_json):
             predicted[pn] = plans[pn].get("predicted_iteration_ms")
             qm.write_json(os.path.join(pdir, "%s_%s.json" % (case, pn)), plans[pn])  # --from's
             log("%s: %s: %.2f ms predicted (target %.2f ms)" % (
-                case, pn, plans[pn].get("predicted_iteration_ms", 0.0),
-                plans[pn].get("target_ms", 0.0)))
+                case, pn, predicted[pn] or 0.0, plans[pn].get("target_ms", 0.0)))
     log("%s: predicted uniform bf16 %.2f ms, fp8 %.2f ms" % (case, predicted["bf16"],
                                                            predicted["fp8"]))
     return plans, predicted

@@ -27,28 +27,15 @@ MODELS = ("resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "deit_t
           "visformer_tiny", "twins_svt_small", "gcvit_xxtiny")
 
 
-def _fp8_device():
-    """Where the fp8 plan runs: the GPU if _scaled_mm runs there, else the CPU if it runs
-    there, else None."""
-    for dev in (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]:
-        try:
-            a = torch.ones(16, 16, device=dev).to(torch.float8_e4m3fn)
-            one = torch.ones((), device=dev)
-            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            return dev
-        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
-            continue
-    return None
-
-
 @unittest.skipIf(timm is None, "needs torch and timm")
 class AnyTimmModel(unittest.TestCase):
     def test_every_family_exports_and_runs_a_mixed_plan(self):
         from qsync import export as ex
+        from qsync import fp8
         from qsync import qsync_model as qm
         from qsync.apply_plan import applied_plan
 
-        fp8_device = _fp8_device()
+        fp8_device = fp8.first_device()  # the GPU where there is one
         for name in MODELS:
             with self.subTest(model=name):
                 torch.manual_seed(0)
