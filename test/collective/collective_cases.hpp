@@ -470,6 +470,33 @@ TEST_CASE("dynamic_all_reduce: a run-time width gives the same bytes as the stat
   CHECK_THROWS_AS(harness::call_dynamic(dyn, in.mine(), x, count, 3), lowbit::invalid_argument);
 }
 
+TEST_CASE("dynamic_all_reduce: the reduced shard is where the second-stage residual lies") {
+  const int P = world_size();
+  const std::size_t count = 5000;
+  collective_options two;
+  two.algorithm = all_reduce_algorithm::two_phase;
+  lowbit::dynamic_all_reduce<float, absmax_nearest, bit_widths<2, 4>, feedback::stage2_only<>,
+                             schedule::flat, B>
+      dyn(harness::comm(), count, two);
+  const auto& st = dyn.feedback_state();
+  for (int bits : {2, 4}) {
+    const auto r = dyn.reduced_shard(count, bits);
+    CHECK(r.begin == schedule::shard(count, 128, P, world_rank()).begin);
+    CHECK(r.count == schedule::shard(count, 128, P, world_rank()).count);
+    if (P > 1) CHECK(st.stage2_count() >= r.count);
+  }
+  CHECK((P > 1) == (st.stage2() != nullptr));
+  CHECK_THROWS_AS(dyn.reduced_shard(count, 8), lowbit::invalid_argument);
+  // one shot re-encodes nothing: no second-stage residual to keep
+  collective_options one;
+  one.algorithm = all_reduce_algorithm::one_shot;
+  lowbit::dynamic_all_reduce<float, absmax_nearest, bit_widths<4>, feedback::stage2_only<>,
+                             schedule::flat, B>
+      shot(harness::comm(), count, one);
+  CHECK(shot.feedback_state().stage2() == nullptr);
+  CHECK(shot.feedback_state().stage2_count() == 0);
+}
+
 TEST_CASE("the frame transport changes how frames move, never the bytes") {
   const std::size_t count = 70001;
   const inputs<float> in(input_kind::normal, count, 901);

@@ -18,7 +18,6 @@ collective. No host wait.
 
 import collections
 import math
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -101,7 +100,7 @@ class DDPState:
         self._layouts = {}  # bucket index -> its parameters' shapes, in the bucket's order
         self._loaded = {}  # bucket index -> the layout a loaded state was saved under
         self._params = {}  # bucket index -> its parameters' ids, in order (this process)
-        self._carried = {}  # parameter id -> (worker, replicated, step) across a rebuild
+        self._carried = {}  # parameter id -> (worker, replicated, stage2, step) at a rebuild
         self._calibrated = {}  # (dtype, bits) -> (crossover bytes, largest size measured)
         self._stats = collections.Counter()
         self._streams = {}  # device index -> the hook's stream
@@ -148,8 +147,7 @@ class DDPState:
         calls are counted as full_precision_calls / full_precision_bytes); with a plan,
         unplanned_parameters, the names of the model's parameters it does not name. At
         DDP's bucket rebuild: layout_rebuilds, feedback_fresh_on_rebuild (parameters with
-        no state to carry), stage2_dropped_on_rebuild (buckets whose second-stage residual
-        restarted at zero). A counter appears once it is not zero."""
+        no state to carry). A counter appears once it is not zero."""
         s = dict(self._stats)
         s["bucket_bits"] = dict(self._bucket_bits)
         if self.plan is not None:
@@ -200,7 +198,7 @@ class DDPState:
         grid = self._grids[index] = self._grid(bits)
         h = self._buckets[index] = self._new_handle(tensor.dtype, tensor.numel(), grid)
         if self._carried:
-            self._load_carried(index, h)
+            self._load_carried(index, h, bits)
         return h
 
     def _crossover(self, h, tensor, bits):
@@ -289,15 +287,9 @@ class DDPState:
         dtype, step, grid and feedback state (host copies), the bits (an int, or the plan as
         PlanBits.to_json() gives it), each bucket's bits at its last call (bucket_bits), and
         the crossovers measured. Synchronises with the hook's streams (the state must be
-        complete). The second-stage residual of "residual_stage2" and "ef21" with more than
-        two ranks (each shard owner's) is not in it: a resume restarts it at zero, with a
-        warning here."""
-        lost = self._stage2_buckets()
-        if lost:
-            warnings.warn(
-                "lowbit_torch.DDPState.state_dict: the second-stage residual of feedback=%r "
-                "(each shard owner's, %d bucket(s)) is not saved; a resume restarts it at zero"
-                % (self.feedback, lost))
+        complete). With "residual_stage2" and "ef21" on more than two ranks each bucket
+        also holds the second-stage residual of the shard this rank reduces (stage2): each
+        rank saves and loads its own."""
         for s in self._streams.values():
             s.synchronize()
         buckets = {}
@@ -308,6 +300,7 @@ class DDPState:
                 "max_count": h.max_count, "dtype": h.dtype, "step": h.step,
                 "layout": self._layouts.get(index), "grid": self._grids.get(index),
                 "worker": _host_copy(worker), "replicated": _host_copy(replicated),
+                "stage2": _host_copy(h.stage2_state()),
             }
         plan = self.plan
         return {"version": 1, "bits": self.bits if plan is None else plan.to_json(),
@@ -334,6 +327,8 @@ class DDPState:
             worker = empty if b["worker"] is None else b["worker"].to(device)
             replicated = empty if b["replicated"] is None else b["replicated"].to(device)
             h.load_state(worker.contiguous(), replicated.contiguous(), b["step"])
+            stage2 = b.get("stage2")
+            h.load_stage2_state(empty if stage2 is None else stage2.to(device).contiguous())
             self._buckets[index], self._grids[index] = h, grid
             self._loaded[index] = b.get("layout")
         torch.cuda.current_stream(device).synchronize()  # the copies land before the hook runs
@@ -376,13 +371,7 @@ class DDPState:
         ids_of, self._params = self._params, {}
         if self.feedback == "none":
             return
-        lost = self._stage2_buckets()
-        if lost:
-            self._stats["stage2_dropped_on_rebuild"] += lost
-            warnings.warn(
-                "lowbit_torch.DDPState: DDP rebuilt its buckets; the second-stage residual of "
-                "feedback=%r (each shard owner's, %d bucket(s)) is not carried over and "
-                "restarts at zero (stats()['stage2_dropped_on_rebuild'])" % (self.feedback, lost))
+        stage2 = self._whole_stage2()
         for index, h in self._buckets.items():
             ids, shapes = ids_of.get(index), self._layouts.get(index)
             if ids is None or shapes is None:
@@ -395,22 +384,40 @@ class DDPState:
                 n = math.prod(shape)
                 self._carried[pid] = tuple(
                     None if t is None or t.numel() == 0 else t[offset:offset + n]
-                    for t in (worker, replicated)) + (h.step,)
+                    for t in (worker, replicated, stage2.get(index))) + (h.step,)
                 offset += n
         self._buckets.clear()
 
-    def _stage2_buckets(self):
-        """How many buckets hold a second-stage residual: with more than two ranks,
-        two-phase's owner re-encodes its reduced shard, and "residual_stage2" and "ef21"
-        keep a residual of that re-encoding in the collective, per shard, on its owner.
-        That state is neither carried over a rebuild nor saved by state_dict()."""
+    def _whole_stage2(self):
+        """Each bucket's second-stage residual over the bucket's whole tensor, on every
+        rank: {index: tensor}, empty without one. Under two_phase each rank keeps the
+        residual of the shard it reduces and re-encodes ("residual_stage2" and "ef21" on
+        more than two ranks); after a rebuild a parameter's values may fall in another
+        rank's shard, so the shards are summed over the group with zeros elsewhere (exact:
+        one rank contributes each value), then carried per parameter like the rest.
+        Collective: every rank rebuilds at the same bucket, with the same buckets."""
         if self.feedback not in ("residual_stage2", "ef21") or self.comm.size <= 2:
-            return 0
-        return sum(1 for h in self._buckets.values() if h.algorithm != "one_shot")
+            return {}
+        whole = {}
+        for index, h in self._buckets.items():  # created in the same order on every rank
+            bits = self._bucket_bits.get(index)
+            mine = h.stage2_state() if h.algorithm != "one_shot" else None
+            if mine is None or mine.numel() == 0 or bits is None or bits in FULL_PRECISION_BITS:
+                continue
+            begin, end = h.reduced_shard(h.max_count, bits)
+            t = whole[index] = mine.new_zeros(h.max_count)
+            t[begin:end] = mine[:end - begin]
+        if whole:
+            flat = torch.cat(list(whole.values()))
+            dist.all_reduce(flat, group=self.group, async_op=True).wait()
+            whole = dict(zip(whole, flat.split([t.numel() for t in whole.values()])))
+        return whole
 
-    def _load_carried(self, index, h):
-        """Loads bucket ``index``'s new collective with its parameters' carried slices (a
-        parameter nothing was carried for starts at zero, counted)."""
+    def _load_carried(self, index, h, bits):
+        """Loads bucket ``index``'s new collective (whose calls run at ``bits``) with its
+        parameters' carried slices (a parameter nothing was carried for starts at zero,
+        counted); of the second-stage residual, the part of the shard this rank now
+        reduces."""
         ids, shapes = self._params.get(index, []), self._layouts.get(index, [])
         parts = [self._carried.pop(pid, None) for pid in ids]
         found = [c for c in parts if c is not None]
@@ -421,7 +428,7 @@ class DDPState:
             return
         self._stats["feedback_fresh_on_rebuild"] += len(parts) - len(found)
         like = found[0]
-        device = next((t.device for t in like[:2] if t is not None), None)
+        device = next((t.device for t in like[:3] if t is not None), None)
 
         def assemble(k):
             if like[k] is None:
@@ -430,7 +437,10 @@ class DDPState:
                               like[k].new_zeros(math.prod(shape))
                               for c, shape in zip(parts, shapes)]).contiguous()
 
-        h.load_state(assemble(0), assemble(1), max(c[2] for c in found))
+        h.load_state(assemble(0), assemble(1), max(c[3] for c in found))
+        if like[2] is not None:
+            begin, end = h.reduced_shard(h.max_count, bits)
+            h.load_stage2_state(assemble(2)[begin:end].contiguous())
 
     def worker_state(self, index):
         """A copy of bucket ``index``'s feedback state (residual e or EF21's g_i)."""

@@ -173,6 +173,19 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   /// The feedback state, shared by every width (its buffers are host or device memory,
   /// as the backend's).
   auto& feedback_state() noexcept { return this->engine_.feedback_state(); }
+  /// [begin, end) of the values of a `count`-value call at `bits` that this rank reduces
+  /// and re-encodes under two_phase: where the feedback state's second-stage residual
+  /// lies (its element 0 is value begin). Throws for a width outside the compiled set.
+  schedule::range reduced_shard(std::size_t count, int bits) const {
+    schedule::range r{};
+    const bool known =
+        ((bits == Bits ? (r = this->engine_.template my_shard<CodecOf<Bits>>(count), true)
+                       : false) ||
+         ...);
+    LOWBIT_EXPECTS(known, "lowbit::dynamic_all_reduce::reduced_shard: " + std::to_string(bits) +
+                              " bits is not among the compiled widths");
+    return r;
+  }
 };
 
 }  // namespace lowbit

@@ -129,6 +129,11 @@ class state {
   }
   /// EF21's replicated g (nullptr for other policies).
   float* replicated() const { return const_cast<float*>(replicated_.data()); }
+  /// The second-stage residual, element i for value begin + i of the call's reduced shard
+  /// (nullptr when there is none: another policy, or a collective that does not
+  /// re-encode), and how many elements it holds. For a checkpoint or a re-sharding.
+  R* stage2() const { return stage2_.size() ? const_cast<R*>(stage2_.data()) : nullptr; }
+  std::size_t stage2_count() const noexcept { return stage2_.size(); }
 
   /// Bytes of state held.
   std::size_t bytes() const noexcept {

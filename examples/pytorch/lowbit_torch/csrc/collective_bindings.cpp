@@ -97,7 +97,10 @@ void bind_collectives(pybind11::module_& m) {
       .def("load_state", &all_reduce_handle::load_state, py::arg("worker"), py::arg("replicated"),
            py::arg("step"))
       .def_property_readonly("last_stream", &all_reduce_handle::last_stream)
-      .def_property_readonly("backend", &all_reduce_handle::backend);
+      .def_property_readonly("backend", &all_reduce_handle::backend)
+      .def("reduced_shard", &all_reduce_handle::reduced_shard, py::arg("count"), py::arg("bits"))
+      .def("stage2_state", &all_reduce_handle::stage2_state)
+      .def("load_stage2_state", &all_reduce_handle::load_stage2_state, py::arg("state"));
 
   py::class_<shard_collective_handle>(m, "ShardCollective")
       .def_static(

@@ -29,8 +29,8 @@ at::Tensor copy_state(const void* p, at::ScalarType dtype, std::int64_t count,
 
 /// Copies `t` (a checkpoint's copy of `count` elements of device state) back into `p`,
 /// on the current stream; `t` must be empty exactly when there is no state (p null).
-void load_state(void* p, at::ScalarType dtype, const at::Tensor& t, std::int64_t max_count,
-                const char* what) {
+void restore_state(void* p, at::ScalarType dtype, const at::Tensor& t, std::int64_t max_count,
+                   const char* what) {
   if (p == nullptr) {
     TORCH_CHECK_VALUE(!t.defined() || t.numel() == 0, "lowbit_torch: ", what,
                       ": this collective's feedback keeps no such state, but the checkpoint has ",
@@ -93,6 +93,28 @@ void all_reduce_handle::set_crossover_bytes(std::int64_t bytes) {
   core_->set_crossover_bytes(static_cast<std::size_t>(bytes));
 }
 
+std::pair<std::int64_t, std::int64_t> all_reduce_handle::reduced_shard(std::int64_t count,
+                                                                       int bits) const {
+  TORCH_CHECK_VALUE(supported_bits(bits),
+                    "lowbit_torch reduced_shard: bits must be 1, 2, 4 or 8, got ", bits);
+  TORCH_CHECK_VALUE(count >= 0 && count <= max_count(), "lowbit_torch reduced_shard: count ", count,
+                    " is outside [0, ", max_count(), "]");
+  const auto [begin, end] = core_->reduced_shard(static_cast<std::size_t>(count), bits);
+  return {static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end)};
+}
+
+at::Tensor all_reduce_handle::stage2_state() const {
+  const feedback_arrays a = core_->feedback_state();
+  const auto n = static_cast<std::int64_t>(a.stage2_count);
+  return copy_state(a.stage2, scalar_type(a.stage2_dtype), n, n);
+}
+
+void all_reduce_handle::load_stage2_state(const at::Tensor& t) {
+  const feedback_arrays a = core_->feedback_state();
+  restore_state(a.stage2, scalar_type(a.stage2_dtype), t, static_cast<std::int64_t>(a.stage2_count),
+                "second-stage residual");
+}
+
 at::Tensor worker_state_of(stateful_core& core, std::int64_t count) {
   const feedback_arrays a = core.feedback_state();
   return copy_state(a.worker, scalar_type(a.worker_dtype), count,
@@ -113,8 +135,8 @@ void load_state_of(stateful_core& core, const at::Tensor& worker, const at::Tens
   const std::uint32_t s = checked_step(step, "load_state");  // before anything is copied
   const feedback_arrays a = core.feedback_state();
   const auto max_count = static_cast<std::int64_t>(core.max_count());
-  load_state(a.worker, scalar_type(a.worker_dtype), worker, max_count, "worker state");
-  load_state(a.replicated, at::kFloat, replicated, max_count, "replicated state");
+  restore_state(a.worker, scalar_type(a.worker_dtype), worker, max_count, "worker state");
+  restore_state(a.replicated, at::kFloat, replicated, max_count, "replicated state");
   core.set_step(s);
 }
 

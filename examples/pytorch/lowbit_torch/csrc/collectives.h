@@ -74,6 +74,16 @@ class all_reduce_handle : public stateful_handle<all_reduce_core> {
   std::int64_t last_stream() const { return last_stream_; }
   /// "nccl" or "node".
   std::string backend() const { return backend_name(backend_); }
+  /// [begin, end) of the values of a count-value call at `bits` this rank reduces and
+  /// re-encodes under two_phase: what the second-stage residual's elements stand for.
+  std::pair<std::int64_t, std::int64_t> reduced_shard(std::int64_t count, int bits) const;
+  /// A copy of the second-stage residual (a rule with a second stage, under two_phase), all
+  /// the elements the collective keeps (element i: value reduced_shard().first + i), on
+  /// the current stream; an empty tensor when there is none.
+  at::Tensor stage2_state() const;
+  /// Copies `t` (what stage2_state() returned, or its first values) back, on the current
+  /// stream; `t` must be empty exactly when there is no second-stage residual.
+  void load_stage2_state(const at::Tensor& t);
 
  private:
   at::ScalarType dtype_;

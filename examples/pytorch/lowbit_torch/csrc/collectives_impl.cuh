@@ -53,6 +53,11 @@ feedback_arrays arrays_of(State& state) {
     }
     a.worker_dtype = dtype_of<R>();
   }
+  if constexpr (Feedback::stage2) {
+    a.stage2 = state.stage2();
+    a.stage2_dtype = dtype_of<typename Feedback::storage_type>();
+    a.stage2_count = state.stage2_count();
+  }
   return a;
 }
 
@@ -95,6 +100,10 @@ class all_reduce_impl final : public all_reduce_core {
   std::uint32_t step() const override { return coll_.step(); }
   void set_step(std::uint32_t step) override { coll_.set_step(step); }
   std::string algorithm() const override { return lowbit::to_string(coll_.algorithm()); }
+  std::pair<std::size_t, std::size_t> reduced_shard(std::size_t count, int bits) const override {
+    const auto r = coll_.reduced_shard(count, bits);
+    return {r.begin, r.end()};
+  }
   feedback_arrays feedback_state() override {
     return detail::arrays_of<Feedback>(coll_.feedback_state());
   }

@@ -191,11 +191,16 @@ struct collective_config {
 };
 
 /// A feedback state's device arrays: the per-rank one (residual e, or EF21's g_i; null
-/// when the rule keeps none) of `worker_dtype`, and EF21's replicated g (null for others).
+/// when the rule keeps none) of `worker_dtype`, EF21's replicated g (null for others), and
+/// the second-stage residual of this rank's reduced shard (`stage2_count` values of
+/// `stage2_dtype`; null unless the rule keeps one and the collective re-encodes).
 struct feedback_arrays {
   void* worker = nullptr;
   dtype_kind worker_dtype = dtype_kind::float32;
   float* replicated = nullptr;
+  void* stage2 = nullptr;
+  dtype_kind stage2_dtype = dtype_kind::float32;
+  std::size_t stage2_count = 0;
 };
 
 /// What every collective core has besides its call: the step the next call keys
@@ -227,6 +232,10 @@ class all_reduce_core : public stateful_core {
   virtual std::size_t crossover_bytes() const = 0;
   virtual void set_crossover_bytes(std::size_t bytes) = 0;
   virtual std::string algorithm() const = 0;
+  /// [begin, end) of the values of a `count`-value call at `bits` this rank reduces under
+  /// two_phase: where the second-stage residual lies (feedback_arrays::stage2, from
+  /// value begin).
+  virtual std::pair<std::size_t, std::size_t> reduced_shard(std::size_t count, int bits) const = 0;
 };
 
 /// A lowbit::reduce_scatter or all_gather at one codec, checked by the glue as above. A

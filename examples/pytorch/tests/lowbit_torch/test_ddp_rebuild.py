@@ -11,13 +11,28 @@ from lowbit_torch import ddp
 
 
 class FakeHandle:
-    """An AllReduce's state accessors over plain tensors."""
+    """An AllReduce's state accessors over plain tensors; as rank ``rank`` of ``size``, with
+    a second-stage residual over its reduced shard when ``stage2``."""
 
-    def __init__(self, dtype, count, replicated):
+    def __init__(self, dtype, count, replicated, stage2=False, rank=0, size=2):
         self.dtype, self.max_count, self.step = dtype, count, 0
         self.algorithm = "two_phase"
+        self.rank, self.size = rank, size
         self.worker = torch.zeros(count)
         self.replicated = torch.zeros(count) if replicated else torch.empty(0)
+        begin, end = self.reduced_shard(count, 4)
+        self.stage2 = torch.zeros(end - begin) if stage2 else None
+
+    def reduced_shard(self, count, bits):
+        n = -(-count // self.size)
+        return min(count, self.rank * n), min(count, (self.rank + 1) * n)
+
+    def stage2_state(self):
+        return None if self.stage2 is None else self.stage2.clone()
+
+    def load_stage2_state(self, t):
+        assert self.stage2 is not None and t.numel() == self.stage2.numel()
+        self.stage2 = t.clone()
 
     def worker_state(self, count):
         return self.worker[:count].clone()
@@ -46,7 +61,8 @@ def make_state(monkeypatch):
 def call(st, index, params):
     """What the hook does with a bucket before its collective; the bucket's handle."""
     st.note_layout(index, params)
-    return st._handle(index, torch.empty(sum(p.numel() for p in params)), 4)
+    bits = st.bucket_bits(index, params)
+    return st._handle(index, torch.empty(sum(p.numel() for p in params)), bits)
 
 
 def test_a_reordered_bucket_carries_each_parameters_state_with_it(make_state):
@@ -101,32 +117,47 @@ def test_without_feedback_nothing_is_carried(make_state):
 
 
 @pytest.mark.parametrize("feedback", ["residual_stage2", "ef21"])
-def test_a_second_stage_residual_lost_at_a_rebuild_or_a_save_is_said(monkeypatch, feedback):
-    # with more than two ranks two-phase's owner keeps a residual of its re-encoded shard;
-    # it is not carried over a rebuild nor saved: counted and warned, never silent
+def test_the_second_stage_residual_follows_its_values_into_another_ranks_shard(
+        monkeypatch, feedback):
+    # Four ranks; this is rank 1, whose reduced shard of 8 values is [2, 4). The other
+    # ranks' shards of the whole residual W arrive through the group's sum; after DDP's
+    # rebuild puts b before a, rank 1's shard holds values that were rank 2's.
     monkeypatch.setattr(ddp, "communicator", lambda group: types.SimpleNamespace(
         backend="nccl", size=4))
+    whole = torch.arange(1.0, 9.0)  # a: 1..3, b: 4..8
+    summed = []
+
+    def all_reduce(t, group=None, async_op=False):
+        mine = t.clone()
+        assert torch.equal(mine[2:4], whole[2:4]) and not mine[:2].any() and not mine[4:].any()
+        t.add_(whole).sub_(mine)  # the other ranks' shards, zeros at rank 1's
+        summed.append(True)
+        return types.SimpleNamespace(wait=lambda: None)
+
+    monkeypatch.setattr(ddp.dist, "all_reduce", all_reduce)
     st = ddp.DDPState(bits=4, feedback=feedback, crossover=0)
-    st._new_handle = lambda dtype, count, grid: FakeHandle(dtype, count, feedback == "ef21")
+    st._new_handle = lambda dtype, count, grid: FakeHandle(dtype, count, feedback == "ef21",
+                                                           stage2=True, rank=1, size=4)
     st._streams = {}
     a, b = torch.zeros(3), torch.zeros(5)
-    call(st, 0, [a, b])
-    with pytest.warns(UserWarning, match="not saved"):
-        st.state_dict()
-    with pytest.warns(UserWarning, match="restarts at zero"):
-        call(st, 0, [b, a])
-    assert st.stats()["stage2_dropped_on_rebuild"] == 1
+    h = call(st, 0, [a, b])
+    h.stage2 = whole[2:4].clone()
+    saved = st.state_dict()
+    assert torch.equal(saved["buckets"][0]["stage2"], whole[2:4])  # each rank saves its own
+    n = call(st, 0, [b, a])
+    assert summed == [True]
+    assert torch.equal(n.stage2, torch.cat([whole[3:], whole[:3]])[2:4])  # values 6, 7
+    assert not st._carried
 
 
-def test_no_second_stage_no_warning(monkeypatch):
+def test_two_ranks_have_no_second_stage_and_no_group_call(monkeypatch):
     monkeypatch.setattr(ddp, "communicator", lambda group: types.SimpleNamespace(
-        backend="nccl", size=2))  # two ranks: no re-encode
+        backend="nccl", size=2))  # two ranks: one shot, no re-encode
+    monkeypatch.setattr(ddp.dist, "all_reduce", lambda *a, **k: pytest.fail("a group call"))
     st = ddp.DDPState(bits=4, feedback="residual_stage2", crossover=0)
     st._new_handle = lambda dtype, count, grid: FakeHandle(dtype, count, False)
     a, b = torch.zeros(3), torch.zeros(5)
-    call(st, 0, [a, b])
-    import warnings as w
-    with w.catch_warnings():
-        w.simplefilter("error")
-        call(st, 0, [b, a])
-    assert st.stats().get("stage2_dropped_on_rebuild", 0) == 0
+    call(st, 0, [a, b]).worker = torch.arange(8.0)
+    n = call(st, 0, [b, a])
+    assert n.stage2 is None and torch.equal(n.worker, torch.cat([torch.arange(3.0, 8.0),
+                                                                 torch.arange(3.0)]))

@@ -141,6 +141,44 @@ def test_two_phase_is_near_the_mean_and_identical_on_every_rank(ext, group, feed
         assert _all_same(out)
 
 
+@pytest.mark.skipif(WORLD < 3, reason="two_phase's second quantization needs P >= 3")
+@pytest.mark.parametrize("feedback", ["residual_stage2", "ef21"])
+def test_a_copied_second_stage_residual_continues_bit_identically(ext, group, feedback):
+    """Two steps, then a fresh collective loaded with the first's worker, replicated and
+    second-stage state takes the third step: the same bits as the first collective. The
+    second stage alone left at zero gives other bits: that state is in the result."""
+    rank, n = dist.get_rank(), 128 * 64 * WORLD + 77
+
+    def make():
+        return ext.AllReduce(lowbit_torch.communicator(), torch.float32, n, "zero", "nearest",
+                             feedback, True, 3, 0, "two_phase")
+
+    h = make()
+    for step in range(2):
+        h.run(_inputs(n, torch.float32, rank, seed=30 + step), torch.empty(n, device="cuda"), 2)
+    begin, end = h.reduced_shard(n, 2)
+    mine = h.stage2_state()
+    assert 0 <= begin < end <= n and mine.numel() >= end - begin and mine.abs().sum() > 0
+    x = _inputs(n, torch.float32, rank, seed=32)
+    outs = []
+    for with_stage2 in (True, False):
+        c = make()
+        replicated = h.replicated_state(n)
+        c.load_state(h.worker_state(n),
+                     torch.empty(0, device="cuda") if replicated is None else replicated, h.step)
+        if with_stage2:
+            c.load_stage2_state(mine)
+        outs.append(torch.empty(n, device="cuda"))
+        c.run(x, outs[-1], 2)
+    expected = torch.empty(n, device="cuda")
+    h.run(x, expected, 2)
+    assert torch.equal(outs[0], expected)
+    assert not torch.equal(outs[1], expected)
+    with pytest.raises(ValueError, match="second-stage residual"):
+        ext.AllReduce(lowbit_torch.communicator(), torch.float32, n, "zero", "nearest",
+                      "residual", True, 3, 0, "two_phase").load_stage2_state(mine)
+
+
 # ----------------------------------------------------------------------------- DDP
 
 class _Net(nn.Module):
@@ -227,15 +265,18 @@ def test_ddp_with_the_hook_trains_identically_on_every_rank(ext, group, case):
               f"{s.get('rebuilds', 0)} rebuilds, wire ratio {s['wire_ratio']:.3f}")
 
 
+@pytest.mark.parametrize("feedback", ["residual", "residual_stage2"])
 @pytest.mark.parametrize("unused", [True, False], ids=["no_rebuild", "rebuild"])
-def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused):
+def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused, feedback):
     """Three steps, a checkpoint (parameters, optimizer, DDPState), two more steps; then a
     fresh model, optimizer, DDP and DDPState loaded from the checkpoint run the same two
     steps. With find_unused_parameters DDP never rebuilds its buckets, so the resumed run
     buckets as the saved one did: the same bits. By default DDP's first iteration after the
     resume buckets by construction order, which may put other parameters under an index
     than at the checkpoint: the state of such a bucket is dropped (counted), never added
-    to other gradients, and the ranks stay identical."""
+    to other gradients, and the ranks stay identical. With "residual_stage2" on more than
+    two ranks each rank's second-stage residual (its reduced shard's) is saved and loaded
+    too."""
     import copy
 
     def run(params, opt_state, lowbit_state, first, steps):
@@ -248,7 +289,7 @@ def test_a_resumed_ddp_state_continues_bit_identically(ext, group, unused):
         ddp = nn.parallel.DistributedDataParallel(net, device_ids=[torch.cuda.current_device()],
                                                   bucket_cap_mb=0.25,
                                                   find_unused_parameters=unused)
-        state = lowbit_torch.DDPState(bits=4, feedback="residual", crossover=0)
+        state = lowbit_torch.DDPState(bits=4, feedback=feedback, crossover=0)
         if lowbit_state is not None:
             state.load_state_dict(lowbit_state)
         ddp.register_comm_hook(state, lowbit_torch.ddp_hook)
