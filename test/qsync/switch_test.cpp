@@ -202,3 +202,34 @@ TEST_CASE("switch: an op without a backward costs nothing there, measured or not
   REQUIRE(m.graph.at(0).has_backward);
   REQUIRE_FALSE(m.graph.at(1).has_backward);
 }
+
+TEST_CASE("switch: a parameter-free op fed by no op runs in the step's context, not wrapped") {
+  // A detection model's input transform, a Flatten in front: no op before it. Through the
+  // ambient it runs where the uniform profiles ran it, so a uniform plan wraps nothing and
+  // prices no cast; per edge (QSync's rule) it is fp32.
+  std::vector<op> ops = linear_chain(2);
+  op front;
+  front.name = "transform";
+  front.output_numel = 1000;
+  ops[0].inputs = {"transform"};
+  ops.insert(ops.begin(), front);  // transform, op0, op1
+  for (cast_rule rule : {cast_rule::ambient, cast_rule::per_edge}) {
+    training_model m = model_of(ops);
+    m.casts = rule;
+    device_group grp{round_device(), 1, {}};
+    for (const op& o : ops)
+      for (P p : {P::fp16, P::fp32}) grp.measured.set(o.name, p, {1.0, 1.0});
+    for (P p : {P::fp16, P::fp32}) grp.measured.set_tail(p, {0.1, 0.0});
+    const simulator sim(m, {"one", {grp}, {"l", 1, 0}});
+    const std::vector<P> resolved = sim.resolve(0, {P::fp32, P::fp16, P::fp16});
+    if (rule == cast_rule::ambient) {
+      REQUIRE(resolved[0] == P::fp16);
+      REQUIRE(sim.wrapped_ops(resolved, P::fp16) == std::vector<bool>{false, false, false});
+      for (const kernel& k : sim.trace(0, resolved).kernels) REQUIRE(k.kind != kernel_kind::cast);
+      // an fp32 plan: the step's context is fp32
+      REQUIRE(sim.resolve(0, {P::fp16, P::fp32, P::fp32})[0] == P::fp32);
+    } else {
+      REQUIRE(resolved[0] == P::fp32);
+    }
+  }
+}

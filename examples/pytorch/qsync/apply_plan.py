@@ -116,7 +116,8 @@ class applied_plan:
         # A parameter-free op after an fp8 op follows its input's dtype, the carrier.
         self.resolved: Dict[str, str] = {
             n: ("bf16" if p == "fp8" and n not in self.fp8_ops else p)
-            for n, p in resolve_precisions(self.per_op, model_json).items()}
+            for n, p in resolve_precisions(self.per_op, model_json,
+                                           graph_input=self.ambient).items()}
         # Ops with parameters at another precision or fed by one, and parameter-free ops
         # that follow an input at another precision than the ambient.
         self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)

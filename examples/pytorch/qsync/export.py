@@ -118,7 +118,7 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     counts its weights on its first call; a tied embedding and LM head, at the
     embedding). An op that takes parameters but holds none gets the holder as its
     first input and ``weights_from``: it follows the holder's precision (one decision
-    per parameter) rather than a graph input's fp32, and a uniform plan still wraps
+    per parameter) rather than a graph input's precision, and a uniform plan still wraps
     nothing; its autocast copy of the weights is not priced (the model JSON cannot say
     so). Sets each record's ``param_numel`` and ``param_names`` (the parameters'
     qualified names)."""
@@ -136,7 +136,7 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
         if held and not r["params"]:
             # It runs with weights another op holds (a module's later call, a tied head):
             # that op is its first input, so that it follows the weights' precision in
-            # lowbit-plan and in the applier (not a graph input's fp32).
+            # lowbit-plan and in the applier (not a graph input's).
             r["weights_from"] = held[:1]
             r["inputs"] = held[:1] + [i for i in r["inputs"] if i != held[0]]
 

@@ -256,16 +256,21 @@ def plan_precisions(plan: dict, model: dict) -> Dict[str, str]:
     return {o["name"]: ops.get(o["name"], default) for o in model["ops"] if o["param_numel"] > 0}
 
 
-def resolve_precisions(per_op: Dict[str, str], model: dict) -> Dict[str, str]:
+def resolve_precisions(per_op: Dict[str, str], model: dict,
+                       graph_input: str = "fp32") -> Dict[str, str]:
     """Every op's precision, lowbit's way: ops with parameters as `per_op` says (fp32
-    when absent), parameter-free ops their first input's (fp32 for graph inputs)."""
+    when absent), parameter-free ops their first input's. One fed by no op (only the
+    step's own inputs: a detection model's input transform, a Flatten in front) runs in
+    the step's context, ``graph_input``: the plan applier's ambient precision, where the
+    uniform profiles ran it (lowbit-plan resolves it so through the ambient), or fp32,
+    QSync's per-edge rule."""
     out: Dict[str, str] = {}
     for o in model["ops"]:
         if o["param_numel"] > 0:
             out[o["name"]] = per_op.get(o["name"], "fp32")
         else:
             ins = [i for i in o.get("inputs", []) if i in out]
-            out[o["name"]] = out[ins[0]] if ins else "fp32"
+            out[o["name"]] = out[ins[0]] if ins else graph_input
     return out
 
 
@@ -274,7 +279,7 @@ def ops_to_wrap(per_op: Dict[str, str], model: dict, ambient: str) -> Dict[str, 
     than the ambient one, and those fed by an op at another precision than their own
     (their inputs are cast; a norm would follow its input otherwise). A uniform plan
     wraps nothing, so it runs the profiled program."""
-    resolved = resolve_precisions(per_op, model)
+    resolved = resolve_precisions(per_op, model, graph_input=ambient)
     out = {}
     for o in model["ops"]:
         n = o["name"]

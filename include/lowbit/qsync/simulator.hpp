@@ -80,14 +80,21 @@ class simulator {
   }
 
   /// Fills in the parameter-free ops of `per_op`: each takes the precision its first input
-  /// carries (carried_precision: bf16 behind an fp8 op; fp32 for graph inputs), moved to
-  /// the nearest one its menu allows. Throws when a
-  /// parameter op's precision is not in its menu, naming op and device.
+  /// carries (carried_precision: bf16 behind an fp8 op), moved to the nearest one its menu
+  /// allows. One fed by no op (the step's own inputs) runs in the step's context: through
+  /// the ambient (lowbit's plan applier), the ambient precision, where the uniform
+  /// profiles ran it and the applier leaves it (a uniform plan wraps nothing); per edge
+  /// (QSync's rule), fp32. Throws when a parameter op's precision is not in its menu,
+  /// naming op and device.
   std::vector<precision> resolve(std::size_t g, std::vector<precision> per_op) const {
     const op_graph& gr = model_.graph;
     LOWBIT_EXPECTS(
         per_op.size() == gr.size(),
         "plan for device group '" + hw_.groups.at(g).device.name + "' needs one precision per op");
+    // Only the parameter ops count towards the dominant precision: per_op's are final.
+    const precision graph_input = model_.casts == cast_rule::ambient
+                                      ? carried_precision(dominant_precision(per_op))
+                                      : precision::fp32;
     for (std::size_t i : gr.topo_order()) {
       const op& o = gr.at(i);
       const auto& m = menu(g, i);
@@ -97,8 +104,8 @@ class simulator {
                            " on " + hw_.groups[g].device.name);
       } else {
         const auto& in = gr.producers(i);
-        per_op[i] = nearest_allowed(
-            m, in.empty() ? precision::fp32 : carried_precision(per_op[in.front()]));
+        per_op[i] =
+            nearest_allowed(m, in.empty() ? graph_input : carried_precision(per_op[in.front()]));
       }
     }
     return per_op;

@@ -296,6 +296,43 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(set(records["flat"]["inputs"]), {"proj", "inp"})
         self.assertEqual(records["proj"]["inputs"], ["inp"])
 
+    def test_an_op_fed_by_the_step_alone_runs_in_its_context(self):
+        # A detection model's input transform: parameter-free, fed by no op, handing on
+        # the images and the targets' box coordinates. It runs where the uniform
+        # profiles ran it, in the step's context: no plan wraps it, and the boxes reach
+        # the head as the caller gave them (torchvision's roi heads refuse others than
+        # fp32).
+        class Transform(nn.Module):
+            def forward(self, x, boxes):
+                return x * 2.0, boxes / 4.0
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.transform, self.body, self.head = Transform(), nn.Linear(4, 8), nn.Linear(8, 2)
+
+            def forward(self, x, boxes):
+                x, boxes = self.transform(x, boxes)
+                if boxes.dtype != torch.float32:
+                    raise TypeError(f"boxes must be float32, got {boxes.dtype}")
+                return self.head(self.body(x)).float().square().mean() + boxes.sum()
+
+        torch.manual_seed(0)
+        model, x, boxes = M(), torch.randn(2, 4), torch.rand(2, 4)
+        step = lambda: model(x, boxes)  # noqa: E731
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "m")
+        self.assertEqual(next(o for o in mj["ops"] if o["name"] == "transform")["inputs"], [])
+        for plan in (qm.uniform_plan("bf16"), {"default": "bf16", "ops": {"body": "fp32"}},
+                     {"default": "fp32", "ops": {"head": "bf16"}}):
+            model.zero_grad(set_to_none=True)
+            with applied_plan(model, plan, mj, device_type="cpu") as ap:
+                with ap.step_context():
+                    loss = step()
+                loss.backward()
+            self.assertNotIn("transform", ap.wrapped, plan)
+            self.assertTrue(torch.isfinite(loss).item())
+        self.assertEqual(ap.wrapped, {"head": "bf16"})
+
     def test_ops_without_a_backward_are_marked(self):
         # An identity, a dropout of p = 0 (it returns its input) and a view-free pass-through
         # make no autograd node: no backward work, and the profile has no backward range for

@@ -143,6 +143,17 @@ class ModelJson(unittest.TestCase):
                          {"conv": "fp32", "fc": "bf16"})
         self.assertEqual(qm.ops_to_wrap({"conv": "bf16", "fc": "bf16"}, m2, "bf16"), {})
         self.assertEqual(qm.ops_to_wrap({"conv": "fp32", "fc": "fp32"}, m2, "fp32"), {})
+        # A parameter-free op fed by no op (a detection model's input transform) runs in
+        # the step's context: at the applier's ambient, so a uniform plan wraps nothing;
+        # QSync's per-edge rule keeps fp32.
+        first = dict(RECORDS, pre={"module_class": "Flatten", "param_numel": 0, "order": -1,
+                                   "output_numel": 3072, "inputs": []})
+        first["conv"] = dict(RECORDS["conv"], inputs=["pre"])
+        m3 = qm.model_json(first, "tiny")
+        self.assertEqual(qm.resolve_precisions({"conv": "bf16"}, m3, graph_input="bf16")["pre"],
+                         "bf16")
+        self.assertEqual(qm.resolve_precisions({"conv": "bf16"}, m3)["pre"], "fp32")
+        self.assertEqual(qm.ops_to_wrap({"conv": "bf16"}, m3, "bf16"), {})
         self.assertEqual(qm.ambient_precision({}), "fp32")
 
     def test_table(self):
