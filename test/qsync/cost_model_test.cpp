@@ -160,6 +160,26 @@ TEST_CASE("memory: fp32 weights, gradients and state plus activations, 16-bit fl
   REQUIRE(clamp_precision(op_kind::conv, precision::int8) == precision::int8);
 }
 
+TEST_CASE("memory: frozen parameters hold weights only, unused ones too; no bucket share") {
+  op emb = linear_op("emb", {}, 1000, 10);
+  emb.frozen_numel = 1000;  // a frozen embedding
+  op fc = linear_op("fc", {"emb"}, 400, 10);
+  fc.frozen_numel = 100;  // part of it frozen (its bias trains)
+  const op_graph g({emb, fc});
+  REQUIRE(g.trainable_params() == 300);
+  const auto m = memory_bytes(g, {precision::fp32, precision::fp32}, 8, 0.0, std::nullopt, 50);
+  REQUIRE(m.weights == 4 * (1400 + 50));
+  REQUIRE(m.gradients == 4 * 300);
+  REQUIRE(m.optimizer == 8 * 300);
+  const auto buckets = make_buckets(g, 25.0, 1.0);
+  REQUIRE(buckets.size() == 1);
+  REQUIRE(buckets[0].ops == std::vector<std::size_t>{1});  // the frozen op has no gradient
+  REQUIRE(buckets[0].numel == 300);
+  op bad = linear_op("bad", {}, 10, 10);
+  bad.frozen_numel = 11;
+  REQUIRE_THROWS_WITH(op_graph({bad}), Contains("frozen_numel must be in [0, param_numel]"));
+}
+
 TEST_CASE("memory: an edge cast the consumer saves, where the profile shared its input") {
   // relu keeps its output (1000 elements); the conv after it saved nothing of its own in
   // the uniform profiles (the storage was relu's), the bn after the conv saved its input.

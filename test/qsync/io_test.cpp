@@ -152,6 +152,19 @@ TEST_CASE("model JSON: ops, kinds, allowed precisions and stats") {
   REQUIRE(m.graph.at(1).kind == op_kind::relu);
 }
 
+TEST_CASE("model JSON: frozen and unused parameters") {
+  const training_model m = model_from_json(json::parse(
+      R"({"ops": [{"name": "a", "param_numel": 10, "frozen_numel": 4}, {"name": "b"}],
+          "unused_params": {"numel": 7, "names": ["x.weight"]}})"));
+  REQUIRE(m.graph.at(0).frozen_numel == 4);
+  REQUIRE(m.graph.at(0).trainable_numel() == 6);
+  REQUIRE(m.unused_param_numel == 7);
+  REQUIRE(model_from_json(json::parse(R"({"ops": [{"name": "a"}]})")).unused_param_numel == 0);
+  REQUIRE_THROWS_WITH(
+      model_from_json(json::parse(R"({"ops": [{"name": "a"}], "unused_params": {"numel": -1}})")),
+      Contains("\"unused_params\" numel must be >= 0"));
+}
+
 TEST_CASE("model JSON errors name the place") {
   auto parse = [](const char* text) { return model_from_json(json::parse(text)); };
   REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"}, {"name": "b", "inputs": ["zz"]}]})"),

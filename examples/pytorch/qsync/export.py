@@ -84,9 +84,14 @@ class Records(dict):
     that ran outside every op in the forward (code between the ops: residual adds,
     attention's core in a module with children, the loss), by name, with their count,
     FLOPs, output size and the ops they ran after (up to 8), most FLOPs first.
-    lowbit-plan prices them, forward and backward, as the profile's tail."""
+    lowbit-plan prices them, forward and backward, as the profile's tail.
+    ``unused_params``: the model's parameters no op of the step took (a branch the
+    forward did not take, Longformer's global-attention projections without a global
+    mask), by name, with their size and requires_grad: they cost their weights' memory
+    and nothing else (no gradient, so no optimizer state either)."""
 
     unattributed: List[dict]
+    unused_params: List[dict]
 
 
 def _snapshot_buffers(model: torch.nn.Module):
@@ -120,8 +125,10 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     first input and ``weights_from``: it follows the holder's precision (one decision
     per parameter) rather than a graph input's precision, and a uniform plan still wraps
     nothing; its autocast copy of the weights is not priced (the model JSON cannot say
-    so). Sets each record's ``param_numel`` and ``param_names`` (the parameters'
-    qualified names)."""
+    so). Sets each record's ``param_numel``, ``frozen_numel`` (of those, the ones
+    without requires_grad: weights with no gradient, optimizer state or bucket share)
+    and ``param_names`` (the parameters' qualified names). Returns the ids of the
+    parameters some op took."""
     owner: Dict[int, str] = {}
     objs: Dict[int, torch.nn.Parameter] = {}
     for op in sorted(uses, key=lambda n: records[n]["order"]):
@@ -131,6 +138,7 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     for op, r in records.items():
         r["params"] = [objs[k] for k, o in owner.items() if o == op]
         r["param_numel"] = float(sum(p.numel() for p in r["params"]))
+        r["frozen_numel"] = float(sum(p.numel() for p in r["params"] if not p.requires_grad))
         r["param_names"] = [names.get(id(p), "?") for p in r["params"]]
         held = [owner[id(p)] for p in uses.get(op, ()) if owner[id(p)] != op]
         if held and not r["params"]:
@@ -139,6 +147,7 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
             # lowbit-plan and in the applier (not a graph input's).
             r["weights_from"] = held[:1]
             r["inputs"] = held[:1] + [i for i in r["inputs"] if i != held[0]]
+    return set(owner)
 
 
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
@@ -291,7 +300,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
             r["aten"] = dict(a["aten"])
             r["counted_flops"] = a["flops"]
             r["flops"] = a["flops"] if a["flops"] > 0 else r["output_numel"]
-        _assign_params(records, uses, {id(p): n for n, p in model.named_parameters()})
+        taken = _assign_params(records, uses, {id(p): n for n, p in model.named_parameters()})
         for op, r in records.items():
             r["bytes"] = 4.0 * (r["input_numel"] + r["output_numel"] + r["param_numel"])
             own = [p for p in r.pop("params") if p.grad is not None]
@@ -312,6 +321,8 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
          "output_numel": u["output_numel"], "after": u["after"]}
         for n, u in sorted(counter.unattributed.items(),
                            key=lambda kv: (-kv[1]["flops"], -kv[1]["count"], kv[0]))]
+    records.unused_params = [{"name": n, "numel": p.numel(), "requires_grad": p.requires_grad}
+                             for n, p in model.named_parameters() if id(p) not in taken]
     return records
 
 

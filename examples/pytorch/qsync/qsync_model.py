@@ -128,7 +128,10 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     records' ``unattributed`` list (export.Records: the aten operators of the code
     between the ops, by name, with count and FLOPs) goes under "unattributed", each
     marked ``"priced_as": "tail"``: lowbit-plan ignores the key and prices that code as
-    the profile's tail. Inputs naming
+    the profile's tail. An op holding parameters without requires_grad carries
+    ``"frozen_numel"`` (weights without gradient, optimizer state or bucket share), and
+    the records' ``unused_params`` (parameters no op took) go under ``"unused_params"``
+    (``{"numel", "names"}``): lowbit-plan counts their weights' memory alone. Inputs naming
     unknown or later ops are dropped; ``saved_numel`` is the fp32 saved size in
     elements (4 bytes each)."""
     order = sorted(records, key=lambda n: records[n].get("order", 0))
@@ -159,6 +162,8 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
             "param_numel": float(r.get("param_numel", 0)),
             "inputs": [i for i in dict.fromkeys(r.get("inputs", [])) if i in known and i != n],
         }
+        if r.get("frozen_numel"):  # parameters without requires_grad
+            o["frozen_numel"] = float(r["frozen_numel"])
         if r.get("call") == "function":  # a torch function taking a parameter
             o["call"] = "function"
             for k in ("function", "caller"):
@@ -193,6 +198,10 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     unattributed = getattr(records, "unattributed", None)
     if unattributed:
         out["unattributed"] = [dict(u, priced_as="tail") for u in unattributed]
+    unused = getattr(records, "unused_params", None)
+    if unused:
+        out["unused_params"] = {"numel": float(sum(u["numel"] for u in unused)),
+                                "names": [u["name"] for u in unused]}
     return out
 
 

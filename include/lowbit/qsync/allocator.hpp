@@ -364,7 +364,8 @@ inline allocation exact_allocate(const allocation_problem& pb,
   std::vector<double> mem(groups), cap(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     mem[g] = memory_bytes(gr, std::vector<precision>(gr.size(), precision::fp32),
-                          sim.model().optimizer_bytes_per_param)
+                          sim.model().optimizer_bytes_per_param, 0.0, std::nullopt,
+                          sim.model().unused_param_numel)
                  .total();
     for (std::size_t i = 0; i < gr.size(); ++i)
       mem[g] += act(i, sim.menu(g, i).front()) - act(i, precision::fp32);

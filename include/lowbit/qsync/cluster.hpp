@@ -34,6 +34,9 @@ struct training_model {
   double bucket_cap_mb = 25.0;             ///< DDP bucket_cap_mb
   double first_bucket_mb = 1.0;            ///< DDP's smaller first bucket
   cast_rule casts = cast_rule::per_edge;   ///< model JSON "casts": "per_edge" | "ambient"
+  /// Parameters no op takes (a branch the step does not run): their weights' memory
+  /// alone, no gradient or optimizer state (model JSON "unused_params": {"numel"}).
+  double unused_param_numel = 0.0;
 };
 
 /// Identical devices that run the same plan, with their measured op times.

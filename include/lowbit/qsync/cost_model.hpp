@@ -293,10 +293,11 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
   return over;
 }
 
-/// Memory of one iteration with op `i` at `per_op[i]`: weights and gradients in fp32,
-/// optimizer state, and each op's saved activations: the size measured at its
-/// precision when the model has one, else its storage width (bits/32 of the fp32 size,
-/// 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
+/// Memory of one iteration with op `i` at `per_op[i]`: weights in fp32 (the ops' and the
+/// `unused_param_numel` no op takes), gradients in fp32 and optimizer state for the
+/// parameters that get gradients (op::trainable_numel), and each op's saved activations: the size
+/// measured at its precision when the model has one, else its storage width (bits/32 of the fp32
+/// size, 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
 /// low-precision conv or linear (copies_weights) at that width until backward has used
 /// it. An edge cast whose output the consumer saves where the profile shared the input adds
 /// that output (cast_saves_copy; one input per op, two for a matmul). The workspace is
@@ -313,13 +314,14 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// one shared copy, count once (shared_input_casts).
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0,
-                                     std::optional<precision> ambient = std::nullopt) {
+                                     std::optional<precision> ambient = std::nullopt,
+                                     double unused_param_numel = 0.0) {
   LOWBIT_EXPECTS(per_op.size() == g.size(), "one precision per op is needed");
   memory_breakdown m;
-  const double params = g.total_params();
-  m.weights = 4.0 * params;
-  m.gradients = 4.0 * params;
-  m.optimizer = optimizer_bytes_per_param * params;
+  const double trainable = g.trainable_params();
+  m.weights = 4.0 * (g.total_params() + unused_param_numel);
+  m.gradients = 4.0 * trainable;
+  m.optimizer = optimizer_bytes_per_param * trainable;
   double in_flight = 0.0, freed = 0.0;
   const auto& order = g.topo_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {

@@ -99,11 +99,15 @@ constexpr std::array<double, precision_count> unmeasured() {
 struct op {
   std::string name;
   op_kind kind = op_kind::other;
-  double flops = 0.0;               ///< forward FLOPs
-  double bytes = 0.0;               ///< forward memory traffic at fp32, bytes
-  double output_numel = 0.0;        ///< elements of the output (what a cast converts)
-  double saved_numel = 0.0;         ///< elements kept for backward (stored at the op's precision)
-  double param_numel = 0.0;         ///< parameters (kept in fp32 with fp32 gradients)
+  double flops = 0.0;         ///< forward FLOPs
+  double bytes = 0.0;         ///< forward memory traffic at fp32, bytes
+  double output_numel = 0.0;  ///< elements of the output (what a cast converts)
+  double saved_numel = 0.0;   ///< elements kept for backward (stored at the op's precision)
+  double param_numel = 0.0;   ///< parameters (kept in fp32 with fp32 gradients)
+  /// Of param_numel, the parameters without gradients (requires_grad off: a frozen
+  /// backbone, an embedding kept fixed): weights that take no gradient, optimizer state
+  /// or share of a gradient bucket. The op still decides their compute precision.
+  double frozen_numel = 0.0;
   std::vector<std::string> inputs;  ///< names of the producing ops
   /// The inputs (a subset of `inputs`) that reach this op through code between the
   /// ops (attention's core, a residual add, a view) rather than as the producer's own
@@ -141,6 +145,8 @@ struct op {
   /// True when the op owns parameters (so it has a gradient to all-reduce, and it is a
   /// decision of the allocator; parameter-free ops follow their first input).
   bool has_params() const noexcept { return param_numel > 0.0; }
+  /// Parameters that get a gradient (and optimizer state, and a bucket share).
+  double trainable_numel() const noexcept { return param_numel - frozen_numel; }
 };
 
 /// A validated operator DAG: unique names, known inputs, no cycles. Construction throws
@@ -162,6 +168,8 @@ class op_graph {
       LOWBIT_EXPECTS(ops_[i].flops >= 0 && ops_[i].bytes >= 0 && ops_[i].output_numel >= 0 &&
                          ops_[i].saved_numel >= 0 && ops_[i].param_numel >= 0,
                      "op '" + ops_[i].name + "' has a negative size or cost");
+      LOWBIT_EXPECTS(ops_[i].frozen_numel >= 0 && ops_[i].frozen_numel <= ops_[i].param_numel,
+                     "op '" + ops_[i].name + "': frozen_numel must be in [0, param_numel]");
     }
     producers_.assign(n, {});
     consumers_.assign(n, {});
@@ -217,10 +225,16 @@ class op_graph {
     return *i;
   }
 
-  /// Parameters of the whole model.
+  /// Parameters of the whole model's ops.
   double total_params() const noexcept {
     double s = 0;
     for (const auto& o : ops_) s += o.param_numel;
+    return s;
+  }
+  /// The ones of them that get gradients (op::trainable_numel).
+  double trainable_params() const noexcept {
+    double s = 0;
+    for (const auto& o : ops_) s += o.trainable_numel();
     return s;
   }
 
@@ -296,6 +310,7 @@ struct grad_bucket {
 /// DDP's bucketing: parameters in reverse order of production in the forward pass
 /// (the order backward yields their gradients), the first bucket capped at
 /// `first_cap_mb`, the others at `cap_mb` (MiB of fp32 gradients, as torch counts).
+/// Parameters without gradients (op::frozen_numel) are in no bucket, as in DDP.
 inline std::vector<grad_bucket> make_buckets(const op_graph& g, double cap_mb = 25.0,
                                              double first_cap_mb = 1.0) {
   LOWBIT_EXPECTS(cap_mb > 0 && first_cap_mb > 0, "bucket caps must be positive");
@@ -304,9 +319,9 @@ inline std::vector<grad_bucket> make_buckets(const op_graph& g, double cap_mb = 
   const auto& order = g.topo_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const op& o = g.at(*it);
-    if (!o.has_params()) continue;
+    if (o.trainable_numel() <= 0) continue;
     cur.ops.push_back(*it);
-    cur.numel += o.param_numel;
+    cur.numel += o.trainable_numel();
     const double cap = (out.empty() ? first_cap_mb : cap_mb) * 1024.0 * 1024.0;
     if (cur.numel * 4.0 >= cap) {
       out.push_back(std::move(cur));

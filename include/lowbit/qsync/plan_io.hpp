@@ -53,8 +53,9 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 /// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb", "casts",
 ///   "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
 ///            "param_numel", "inputs": [...], "via_code": [...], "allowed": ["fp16", ...],
-///            "backward": false (no backward work; default true), "stats": {"weight_norm",
-///            ...}}]}`.
+///            "backward": false (no backward work; default true), "frozen_numel" (of
+///            param_numel, those without gradients), "stats": {"weight_norm", ...}}],
+///   "unused_params": {"numel", "names"} (parameters no op takes)}`.
 /// Unknown input ops and cycles are reported by op_graph, naming the op.
 inline training_model model_from_json(const nlohmann::json& j) {
   LOWBIT_EXPECTS(j.is_object(), "model JSON: expected an object");
@@ -69,6 +70,10 @@ inline training_model model_from_json(const nlohmann::json& j) {
     LOWBIT_EXPECTS(casts == "per_edge" || casts == "ambient",
                    "\"casts\" must be \"per_edge\" or \"ambient\", not \"" + casts + "\"");
     m.casts = casts == "ambient" ? cast_rule::ambient : cast_rule::per_edge;
+    if (j.contains("unused_params")) {
+      m.unused_param_numel = detail::number_or(j["unused_params"], "numel", 0);
+      LOWBIT_EXPECTS(m.unused_param_numel >= 0, "\"unused_params\" numel must be >= 0");
+    }
   });
   std::vector<op> ops;
   const auto& arr = j["ops"];
@@ -87,6 +92,7 @@ inline training_model model_from_json(const nlohmann::json& j) {
       o.output_numel = detail::number_or(x, "output_numel", 0);
       o.saved_numel = detail::number_or(x, "saved_numel", 0);
       o.param_numel = detail::number_or(x, "param_numel", 0);
+      o.frozen_numel = detail::number_or(x, "frozen_numel", 0);
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
       if (x.contains("via_code")) o.via_code = x["via_code"].get<std::vector<std::string>>();
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);

@@ -227,7 +227,7 @@ class simulator {
       push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
            i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
-        cast(p[i], precision::fp32, o.param_numel, i, launch);
+        cast(p[i], precision::fp32, o.trainable_numel(), i, launch);
       grad_ready[i] = t.kernels.size() - 1;
     }
     for (const auto& b : buckets_) {
@@ -235,7 +235,7 @@ class simulator {
       for (std::size_t i : b.ops) last = std::max(last, grad_ready[i]);
       t.bucket_ready.push_back(last);
     }
-    const tail_time tail = cm.tail(step, gr.total_params(), model_.optimizer_bytes_per_param);
+    const tail_time tail = cm.tail(step, gr.trainable_params(), model_.optimizer_bytes_per_param);
     t.tail_ms = tail.gpu_ms;
     t.tail_cpu_ms = tail.cpu_ms;
     return t;
@@ -304,7 +304,8 @@ class simulator {
                             costs_[g].device().workspace_mib,
                             model_.casts == cast_rule::ambient
                                 ? std::optional<precision>(dominant_precision(r.precisions))
-                                : std::nullopt);
+                                : std::nullopt,
+                            model_.unused_param_numel);
     r.fits = r.memory.total() <= costs_[g].device().usable_bytes();
     for (std::size_t k = 0; k < buckets_.size(); ++k) r.comm_ms.push_back(bucket_ms(g, k, bits[k]));
     return r;

@@ -333,6 +333,34 @@ class AnyModule(unittest.TestCase):
             self.assertTrue(torch.isfinite(loss).item())
         self.assertEqual(ap.wrapped, {"head": "bf16"})
 
+    def test_frozen_and_unused_parameters_are_told_apart(self):
+        # A frozen embedding (fine-tuning), a linear whose bias alone trains, and a branch
+        # the forward does not take (Longformer's global projections without a global
+        # mask): the model JSON says which weights take no gradient, and which no op took.
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.fc = nn.Embedding(16, 8), nn.Linear(8, 4)
+                self.spare = nn.Linear(8, 8)
+                self.emb.weight.requires_grad_(False)
+                self.fc.weight.requires_grad_(False)
+
+            def forward(self, ids):
+                return self.fc(self.emb(ids))
+
+        torch.manual_seed(0)
+        model, ids = M(), torch.randint(0, 16, (2, 5))
+        records = ex.record_ops(model, lambda: model(ids).square().mean(), "fp32",
+                                device_type="cpu")
+        mj = qm.model_json(records, "m")
+        ops = {o["name"]: o for o in mj["ops"]}
+        self.assertEqual((ops["emb"]["param_numel"], ops["emb"]["frozen_numel"]), (128, 128))
+        self.assertEqual((ops["fc"]["param_numel"], ops["fc"]["frozen_numel"]), (36, 32))
+        self.assertEqual(mj["unused_params"], {"numel": 72.0,
+                                               "names": ["spare.weight", "spare.bias"]})
+        self.assertEqual(sum(o["param_numel"] for o in mj["ops"]) + 72,
+                         sum(p.numel() for p in model.parameters()))
+
     def test_ops_without_a_backward_are_marked(self):
         # An identity, a dropout of p = 0 (it returns its input) and a view-free pass-through
         # make no autograd node: no backward work, and the profile has no backward range for
