@@ -1,0 +1,90 @@
+"""export and apply_plan on torchvision models beyond classification: detection (Faster
+R-CNN and SSDlite, whose training step returns a dict of losses and whose first op, the
+input transform, has no parameters and takes the targets' box coordinates), semantic
+segmentation (LR-ASPP, a dict output), video (R3D-18, 3-D convolutions) and optical flow
+(RAFT, one update block called a dozen times a step), without weights, batch 2 (1 for
+RAFT), on the CPU.
+
+For each: every parameter is counted once (by an op, or as unused); a uniform bf16 plan
+wraps nothing; a mixed plan (two parameter ops kept at fp32 in a bf16 step) trains one
+step with finite gradients, the boxes reaching the heads as given. Needs torch and
+torchvision (skipped otherwise)."""
+
+import unittest
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+except ImportError:
+    torch = torchvision = None
+
+
+def _detection(name):
+    model = torchvision.models.get_model(name, weights=None, weights_backbone=None,
+                                         num_classes=3)
+    images = [torch.rand(3, 128, 128) for _ in range(2)]
+    targets = [{"boxes": torch.tensor([[10.0, 10.0, 60.0, 70.0]]), "labels": torch.tensor([1])}
+               for _ in range(2)]
+    return model, lambda: sum(model(images, targets).values())
+
+
+def _segmentation(name):
+    model = torchvision.models.get_model(name, weights=None, weights_backbone=None,
+                                         num_classes=5)
+    x, y = torch.randn(2, 3, 96, 96), torch.randint(0, 5, (2, 96, 96))
+    return model, lambda: F.cross_entropy(model(x)["out"], y)
+
+
+def _video(name):
+    model = torchvision.models.get_model(name, weights=None, num_classes=4)
+    x, y = torch.randn(2, 3, 8, 64, 64), torch.randint(0, 4, (2,))
+    return model, lambda: F.cross_entropy(model(x), y)
+
+
+def _flow(name):
+    model = torchvision.models.get_model(name, weights=None)
+    a, b = torch.randn(1, 3, 128, 128), torch.randn(1, 3, 128, 128)
+    return model, lambda: model(a, b)[-1].abs().mean()
+
+
+CASES = {"fasterrcnn_mobilenet_v3_large_320_fpn": _detection,
+         "ssdlite320_mobilenet_v3_large": _detection,
+         "lraspp_mobilenet_v3_large": _segmentation, "r3d_18": _video, "raft_small": _flow}
+
+
+@unittest.skipIf(torch is None, "needs torch and torchvision")
+class AnyTorchvisionModel(unittest.TestCase):
+    def test_detection_segmentation_video_and_flow(self):
+        from qsync import export as ex
+        from qsync import qsync_model as qm
+        from qsync.apply_plan import applied_plan
+
+        for name, build in CASES.items():
+            with self.subTest(model=name):
+                torch.manual_seed(0)
+                model, step = build(name)
+                model.train()
+                mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), name)
+                params = [o["name"] for o in mj["ops"] if o["param_numel"] > 0]
+                unused = mj.get("unused_params", {}).get("numel", 0)
+                self.assertEqual(sum(o["param_numel"] for o in mj["ops"]) + unused,
+                                 sum(p.numel() for p in model.parameters()))
+                for plan in (qm.uniform_plan("bf16"),
+                             {"default": "bf16", "ops": {params[0]: "fp32",
+                                                         params[len(params) // 2]: "fp32"}}):
+                    model.zero_grad(set_to_none=True)
+                    with applied_plan(model, plan, mj, device_type="cpu") as ap:
+                        with ap.step_context():
+                            loss = step()
+                        loss.backward()
+                    if "ops" not in plan:
+                        self.assertEqual(ap.wrapped, {})  # the profiled program itself
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    self.assertTrue(torch.isfinite(loss).item(), (name, plan))
+                    self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads),
+                                    (name, plan))
+
+
+if __name__ == "__main__":
+    unittest.main()
