@@ -23,6 +23,9 @@ TEST_CASE("roofline: max of compute and memory time, backward twice for weighted
   o.bytes = 1e6;
   REQUIRE(cm.time(o, precision::fp16).forward_ms == Approx(1.0));
   REQUIRE(cm.time(o, precision::fp16).backward_ms == Approx(2.0));  // two GEMMs
+  o.frozen_numel = o.param_numel;  // no weight gradient: the input's alone
+  REQUIRE(cm.time(o, precision::fp16).backward_ms == Approx(1.0));
+  o.frozen_numel = 0;
   o.param_numel = 0;
   REQUIRE(cm.time(o, precision::fp16).backward_ms == Approx(1.0));  // one pass
   REQUIRE_THROWS_WITH(cm.roofline(o, precision::bf16), Contains("no bf16 mode"));

@@ -200,7 +200,9 @@ class cost_model {
                                          " mode (op '" + o.name + "')");
     const double bytes = o.bytes * storage_bits(p) / 32.0;
     const double fwd = std::max(o.flops / dev_.flops_per_ms(p), bytes / dev_.bytes_per_ms());
-    const double bwd_flops = o.flops * (o.has_params() ? 2.0 : 1.0);
+    // The input's gradient, plus the weights' for the share of them that trains.
+    const double bwd_flops =
+        o.flops * (1.0 + (o.has_params() ? o.trainable_numel() / o.param_numel : 0.0));
     const double bwd =
         std::max(bwd_flops / dev_.flops_per_ms(p), 2.0 * bytes / dev_.bytes_per_ms());
     return {fwd, bwd};
