@@ -27,6 +27,12 @@ seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
    (first round) go to ``OUT/measured.csv``, every sample to ``OUT/host_times.json``;
 5. with ``--lowbit-plan``, runs the predict mode below.
 
+Your own model: ``--model MODULE:FUNCTION`` (repeatable; MODULE importable, e.g. on
+PYTHONPATH) names ``FUNCTION(batch, device) -> (model, forward_loss)``, as
+``qsync.zoo.make`` builds its models: ``forward_loss()`` runs the forward on a fixed
+batch and returns the loss. Each size of ``--batch`` (default 32) is a case
+``<FUNCTION>-b<batch>``, run through the same steps instead of the built-in cases.
+
 The host side of a step is not steady on the machine this was written for (a VM
 whose per-thread speed drifts by 20% or more from minute to minute, whatever the
 process does: host_drift.py measures it): host samples taken minutes before the
@@ -216,6 +222,33 @@ def zoo_cases(part=(1, 1)):
             b = c.batches[regime]
             out["%s-b%d" % (zname, b)] = dict(model="zoo", zoo=zname, batch=b, regime=regime,
                                               **ZOO_EFFORT[regime])
+    return out
+
+
+def model_cases(targets, batches):
+    """The cases of ``--model MODULE:FUNCTION`` (each imported here) at each batch size,
+    named ``<FUNCTION>-b<batch>``: ``FUNCTION(batch, device)`` builds the model and its
+    forward-and-loss closure (under --smoke at a batch of at most 2). ValueError for a
+    target that is not MODULE:FUNCTION, or a function that does not import or is not
+    callable, naming it."""
+    import importlib
+
+    out = {}
+    for target in targets:
+        module, sep, function = target.partition(":")
+        if not (sep and module and function):
+            raise ValueError("--model %r: expected MODULE:FUNCTION" % target)
+        try:
+            make = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as e:
+            raise ValueError("--model %s: %s: %s" % (target, type(e).__name__, e)) from e
+        if not callable(make):
+            raise ValueError("--model %s: not callable" % target)
+        for b in batches:
+            out["%s-b%d" % (function, b)] = dict(
+                model=function, batch=b, regime="host" if b == 1 else "gpu",
+                make=lambda device, smoke, make=make, b=b: make(min(b, 2) if smoke else b,
+                                                               device))
     return out
 
 
@@ -788,11 +821,17 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--lowbit-plan", default="", help="path of the built lowbit-plan binary")
     ap.add_argument("--cases", default="", help="comma list of " + ", ".join(CASES) +
-                    " (default: all), or with --zoo of the zoo's <model>-b<batch> cases")
+                    " (default: all), or with --zoo of the zoo's <model>-b<batch> cases "
+                    "(with --model, of <FUNCTION>-b<batch>)")
     ap.add_argument("--zoo", action="store_true",
                     help="the validation zoo (qsync/zoo.py: 15 models at two batch sizes, "
                          "7 plans each, small per-case effort ZOO_EFFORT) instead of the "
                          "built-in cases; writes OUT/zoo.csv")
+    ap.add_argument("--model", action="append", default=[], metavar="MODULE:FUNCTION",
+                    help="a model of your own instead of the built-in cases (repeatable): "
+                         "FUNCTION(batch, device) -> (model, forward_loss), as qsync.zoo.make")
+    ap.add_argument("--batch", default="32",
+                    help="with --model, comma list of batch sizes, a case each (default 32)")
     ap.add_argument("--part", default="1/1",
                     help="with --zoo, K/N: only the models whose index is K-1 modulo N "
                          "(e.g. 1/2 and 2/2 in two calls)")
@@ -843,7 +882,21 @@ def parse_args(argv=None):
         ap.error("--lowbit-plan %s is not an executable" % a.lowbit_plan)
     if a.predict:
         return a
-    a.case_specs = zoo_cases(a.part) if a.zoo else dict(CASES)
+    if a.model and a.zoo:
+        ap.error("--model and --zoo are two sets of cases: give one")
+    try:
+        batches = [int(b) for b in a.batch.split(",")]
+        if not batches or min(batches) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error("--batch must be a comma list of positive integers, got %r" % a.batch)
+    if a.model:
+        try:
+            a.case_specs = model_cases(a.model, batches)
+        except ValueError as e:
+            ap.error(str(e))
+    else:
+        a.case_specs = zoo_cases(a.part) if a.zoo else dict(CASES)
     if not a.cases:
         a.cases = ",".join(a.case_specs)
     unknown = [c for c in a.cases.split(",") if c not in a.case_specs]

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 
 from qsync import qsync_model as qm
@@ -260,5 +261,51 @@ class Smoke(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             self.assertIn("| cnn-b256/mixed-norms |", r.stdout)
             self.assertTrue(os.path.exists(os.path.join(d, "validation.csv")))
+
+    @unittest.skipUnless(_has_torch() and os.environ.get("LOWBIT_PLAN"),
+                         "needs torch and LOWBIT_PLAN")
+    def test_validate_smoke_on_a_model_of_ones_own(self):
+        """--model MODULE:FUNCTION: a user's module (a frozen embedding, a branch never
+        taken), exported, planned, applied, measured and predicted like the built-in
+        cases."""
+        own = textwrap.dedent("""
+            import torch
+            import torch.nn as nn
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.emb = nn.Embedding(50, 16)
+                    self.emb.weight.requires_grad_(False)
+                    self.body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+                    self.spare = nn.Linear(4, 4)
+
+                def forward(self, ids):
+                    return self.body(self.emb(ids)).mean(1)
+
+            def make(batch, device):
+                torch.manual_seed(0)
+                model = Net().to(device)
+                ids = torch.randint(0, 50, (batch, 8), device=device)
+                y = torch.randint(0, 4, (batch,), device=device)
+                return model, lambda: nn.functional.cross_entropy(model(ids), y)
+            """)
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "my_net.py"), "w") as f:
+                f.write(own)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                [d, ROOT, os.environ.get("PYTHONPATH", "")]))
+            out = os.path.join(d, "out")
+            r = subprocess.run([sys.executable, "-m", "qsync.validate", "--smoke", "--out", out,
+                                "--model", "my_net:make", "--batch", "1,4",
+                                "--lowbit-plan", os.environ["LOWBIT_PLAN"], "--iters", "2",
+                                "--warmup", "1", "--profile-steps", "1", "--host-iters", "2"],
+                               capture_output=True, text=True, cwd=ROOT, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn("| make-b4/bf16 |", r.stdout)
+            self.assertIn("| make-b1/fp32 |", r.stdout)
+            mj = qm.read_json(os.path.join(out, "make-b4.model.json"))
+            self.assertEqual(mj["unused_params"]["names"], ["spare.weight", "spare.bias"])
+            self.assertEqual(mj["ops"][0]["frozen_numel"], 50 * 16)
 
 

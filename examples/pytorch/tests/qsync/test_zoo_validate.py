@@ -47,6 +47,18 @@ class ZooCases(unittest.TestCase):
         with self.assertRaises(SystemExit):
             v.parse_args(["--out", "x", "--zoo", "--cases", "cnn-b256"])
 
+    def test_a_model_of_ones_own(self):
+        a = v.parse_args(["--out", "x", "--model", "qsync.zoo:make", "--batch", "1,8"])
+        self.assertEqual(a.cases.split(","), ["make-b1", "make-b8"])
+        self.assertEqual(a.case_specs["make-b1"]["regime"], "host")
+        self.assertEqual(a.case_specs["make-b8"]["batch"], 8)
+        for bad in (["--model", "qsync.zoo"], ["--model", "qsync.zoo:nothing_here"],
+                    ["--model", "no_such_module:make"], ["--model", "qsync.zoo:CASES"],
+                    ["--model", "qsync.zoo:make", "--batch", "0"],
+                    ["--model", "qsync.zoo:make", "--zoo"]):
+            with self.assertRaises(SystemExit, msg=bad):
+                v.parse_args(["--out", "x"] + bad)
+
     def test_seven_plans_with_the_allocators_two(self):
         self.assertEqual([k for k, _ in v.ALLOC_SLACKS], ["alloc-5pct", "alloc-15pct"])
 
