@@ -361,6 +361,30 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(sum(o["param_numel"] for o in mj["ops"]) + 72,
                          sum(p.numel() for p in model.parameters()))
 
+    def test_model_check_names_the_step_that_fails(self):
+        from qsync.model_check import ModelCheckError, check_model
+
+        class Refuses16Bits(nn.Module):  # e.g. a custom kernel that takes fp32 alone
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+
+            def forward(self, x):
+                if torch.is_autocast_enabled("cpu"):
+                    raise TypeError("fp32 only")
+                return self.fc(x)
+
+        x = torch.randn(3, 4)
+        m = Refuses16Bits()
+        with self.assertRaisesRegex(ModelCheckError, "the uniform bf16 plan failed: TypeError"):
+            check_model(m, lambda: m(x).square().mean(), "refuses")
+        p = nn.ReLU()
+        with self.assertRaisesRegex(ModelCheckError, "no op holds a parameter"):
+            check_model(p, lambda: p(x.requires_grad_()).sum(), "no-params")
+        ok = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+        mj = check_model(ok, lambda: ok(x).square().mean(), "mlp")
+        self.assertEqual([o["name"] for o in mj["ops"]], ["0", "1", "2"])
+
     def test_ops_without_a_backward_are_marked(self):
         # An identity, a dropout of p = 0 (it returns its input) and a view-free pass-through
         # make no autograd node: no backward work, and the profile has no backward range for

@@ -6,10 +6,10 @@ Swin, ConvNeXt, ResNet, SegFormer, DINOv2), speech (Whisper, wav2vec 2.0), CLIP'
 towers, and a classifier whose encoder is frozen. Each is built from its config at a toy
 size (two layers, 32 wide), without weights, batch 2, on the CPU.
 
-For each: every parameter is counted once, by an op or as unused (a branch the step does
-not take), those without requires_grad as frozen; a uniform bf16 plan wraps nothing; a
-mixed plan (two parameter ops kept at fp32 in a bf16 step) runs a training step with
-finite gradients. Needs torch and transformers (skipped otherwise)."""
+For each, qsync.model_check.check_model: every parameter counted once, by an op or as
+unused (a branch the step does not take), those without requires_grad as frozen; a
+uniform bf16 plan wrapping nothing; a mixed plan (two parameter ops kept at fp32 in a bf16
+step) training a step with finite gradients. Needs torch and transformers (skipped otherwise)."""
 
 import unittest
 
@@ -126,50 +126,24 @@ OTHERS = {
 
 @unittest.skipIf(torch is None, "needs torch and transformers")
 class AnyTransformersModel(unittest.TestCase):
-    def check(self, name, model, step):
-        from qsync import export as ex
-        from qsync import qsync_model as qm
-        from qsync.apply_plan import applied_plan
-
-        model.train()
-        model_json = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), name)
-        ops = model_json["ops"]
-        params = [o["name"] for o in ops if o["param_numel"] > 0]
-        self.assertGreater(len(params), 1, name)
-        unused = model_json.get("unused_params", {}).get("numel", 0)
-        self.assertEqual(sum(o["param_numel"] for o in ops) + unused,
-                         sum(p.numel() for p in model.parameters()), name)
-        frozen = sum(o.get("frozen_numel", 0) for o in ops)
-        self.assertLessEqual(frozen, sum(p.numel() for p in model.parameters()
-                                         if not p.requires_grad), name)
-        for plan in (qm.uniform_plan("bf16"),
-                     {"default": "bf16", "ops": {params[0]: "fp32",
-                                                 params[len(params) // 2]: "fp32"}}):
-            model.zero_grad(set_to_none=True)
-            with applied_plan(model, plan, model_json, device_type="cpu") as ap:
-                with ap.step_context():
-                    loss = step()
-                loss.backward()
-            if "ops" not in plan:
-                self.assertEqual(ap.wrapped, {}, name)  # the profiled program itself
-            self.assertTrue(torch.isfinite(loss).item(), (name, plan))
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads), (name, plan))
-        return model_json
-
     def test_text_models(self):
+        from qsync.model_check import check_model
+
         for kind, names in (("causal", CAUSAL), ("classify", CLASSIFY), ("seq2seq", SEQ2SEQ)):
             for name in names:
                 with self.subTest(model=name):
                     torch.manual_seed(0)
-                    self.check(name, *_text_model(name, kind))
+                    model, step = _text_model(name, kind)
+                    check_model(model.train(), step, name)
 
     def test_vision_speech_and_two_towers(self):
+        from qsync.model_check import check_model
+
         for name, build in OTHERS.items():
             with self.subTest(model=name):
                 torch.manual_seed(0)
                 model, step = build()
-                mj = self.check(name, model, step)
+                mj = check_model(model.train(), step, name)
                 if name == "frozen-bert":  # the encoder's weights take no gradient
                     encoder = sum(p.numel() for p in model.bert.parameters())
                     self.assertEqual(sum(o.get("frozen_numel", 0) for o in mj["ops"]), encoder)

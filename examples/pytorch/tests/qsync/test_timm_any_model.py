@@ -2,9 +2,9 @@
 every family that timm has (residual, depthwise and re-parameterised CNNs, ConvNeXt,
 ViTs with and without class tokens, windowed, pooling, mixer, hybrid and cross-scale
 transformers), built without weights at their default input size, batch 2, on the CPU.
-For each: the recording attributes every op, a mixed plan (two parameter ops kept at
-fp32 in a bf16 step) runs a training step with finite gradients, and where fp8 GEMMs run
-here, a plan whose default is fp8 does too: on a GPU where there is one (its token
+For each, qsync.model_check.check_model: every parameter counted once, a uniform plan
+wrapping nothing, a mixed plan (two parameter ops kept at fp32 in a bf16 step) training a
+step with finite gradients, and where fp8 GEMMs run here, a plan whose default is fp8 too: on a GPU where there is one (its token
 counts, e.g. 2 x 197, are no multiple of 16: the GEMMs' padding is exercised), else on
 the CPU (a CPU without native fp8 runs _scaled_mm's reference code, minutes per model).
 Needs torch and timm (skipped otherwise)."""
@@ -30,10 +30,8 @@ MODELS = ("resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "deit_t
 @unittest.skipIf(timm is None, "needs torch and timm")
 class AnyTimmModel(unittest.TestCase):
     def test_every_family_exports_and_runs_a_mixed_plan(self):
-        from qsync import export as ex
         from qsync import fp8
-        from qsync import qsync_model as qm
-        from qsync.apply_plan import applied_plan
+        from qsync.model_check import check_model
 
         fp8_device = fp8.first_device()  # the GPU where there is one
         for name in MODELS:
@@ -47,29 +45,12 @@ class AnyTimmModel(unittest.TestCase):
                 side = m.default_cfg["input_size"][-1]
                 x, y = torch.randn(2, 3, side, side), torch.randint(0, 10, (2,))
 
-                def step(dev="cpu"):
+                def step():
+                    dev = next(m.parameters()).device  # the fp8 plan runs where fp8 does
                     return F.cross_entropy(m(x.to(dev)).float(), y.to(dev))
 
-                records = ex.record_ops(m, step, "fp32", device_type="cpu")
-                model_json = qm.model_json(records, name)
-                params = [o["name"] for o in model_json["ops"] if o["param_numel"] > 0]
-                self.assertGreater(len(params), 0)
-                attributed = sum(o["param_numel"] for o in model_json["ops"])
-                # every parameter belongs to an op (tied ones once)
-                self.assertEqual(attributed, sum(p.numel() for p in m.parameters()), name)
-                plans = [({"default": "bf16",
-                           "ops": {params[0]: "fp32", params[len(params) // 2]: "fp32"}}, "cpu")]
-                if fp8_device:
-                    plans.append(({"default": "fp8"}, fp8_device))
-                for plan, dev in plans:
-                    m.to(dev).zero_grad(set_to_none=True)
-                    with applied_plan(m, plan, model_json, device_type=dev) as ap:
-                        with ap.step_context():
-                            loss = step(dev)
-                        loss.backward()
-                    grads = [p.grad for p in m.parameters() if p.grad is not None]
-                    self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads),
-                                    (name, plan.get("default"), dev))
+                check_model(m, step, name, fp8_device=fp8_device)
+
 
 if __name__ == "__main__":
     unittest.main()

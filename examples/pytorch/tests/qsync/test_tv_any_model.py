@@ -5,9 +5,10 @@ segmentation (LR-ASPP, a dict output), video (R3D-18, 3-D convolutions) and opti
 (RAFT, one update block called a dozen times a step), without weights, batch 2 (1 for
 RAFT), on the CPU.
 
-For each: every parameter is counted once (by an op, or as unused); a uniform bf16 plan
-wraps nothing; a mixed plan (two parameter ops kept at fp32 in a bf16 step) trains one
-step with finite gradients, the boxes reaching the heads as given. Needs torch and
+For each, qsync.model_check.check_model: every parameter counted once (by an op, or as
+unused); a uniform bf16 plan wrapping nothing; a mixed plan (two parameter ops kept at fp32
+in a bf16 step) training one step with finite gradients, the boxes reaching the heads as
+given. Needs torch and
 torchvision (skipped otherwise)."""
 
 import unittest
@@ -56,34 +57,13 @@ CASES = {"fasterrcnn_mobilenet_v3_large_320_fpn": _detection,
 @unittest.skipIf(torch is None, "needs torch and torchvision")
 class AnyTorchvisionModel(unittest.TestCase):
     def test_detection_segmentation_video_and_flow(self):
-        from qsync import export as ex
-        from qsync import qsync_model as qm
-        from qsync.apply_plan import applied_plan
+        from qsync.model_check import check_model
 
         for name, build in CASES.items():
             with self.subTest(model=name):
                 torch.manual_seed(0)
                 model, step = build(name)
-                model.train()
-                mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), name)
-                params = [o["name"] for o in mj["ops"] if o["param_numel"] > 0]
-                unused = mj.get("unused_params", {}).get("numel", 0)
-                self.assertEqual(sum(o["param_numel"] for o in mj["ops"]) + unused,
-                                 sum(p.numel() for p in model.parameters()))
-                for plan in (qm.uniform_plan("bf16"),
-                             {"default": "bf16", "ops": {params[0]: "fp32",
-                                                         params[len(params) // 2]: "fp32"}}):
-                    model.zero_grad(set_to_none=True)
-                    with applied_plan(model, plan, mj, device_type="cpu") as ap:
-                        with ap.step_context():
-                            loss = step()
-                        loss.backward()
-                    if "ops" not in plan:
-                        self.assertEqual(ap.wrapped, {})  # the profiled program itself
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    self.assertTrue(torch.isfinite(loss).item(), (name, plan))
-                    self.assertTrue(grads and all(torch.isfinite(g).all() for g in grads),
-                                    (name, plan))
+                check_model(model.train(), step, name)
 
 
 if __name__ == "__main__":
