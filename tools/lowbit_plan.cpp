@@ -414,10 +414,11 @@ int predict_given(const options& o, const simulator& sim) {
     const memory_breakdown& m = e.groups[g].memory;
     std::printf(
         "  %-8s %9.3f ms  %7.3f GiB (weights %.3f, gradients %.3f, optimizer %.3f, activations "
-        "%.3f, weight copies %.3f, cast copies %.3f, workspace %.3f)%s\n",
+        "%.3f, weight copies %.3f, cast copies %.3f, workspace %.3f, not live at the peak "
+        "%.3f)%s\n",
         sim.hardware().groups[g].device.name.c_str(), e.times.device_ms[g], m.total() / gib,
         m.weights / gib, m.gradients / gib, m.optimizer / gib, m.activations / gib,
-        m.weight_copies / gib, m.cast_copies / gib, m.workspace / gib,
+        m.weight_copies / gib, m.cast_copies / gib, m.workspace / gib, m.released / gib,
         e.groups[g].fits ? "" : " (does not fit)");
   }
   if (!o.json_out.empty()) write_predictions(o.json_out, sim, {{o.plan_file, e}}, {pl.bucket_bits});

@@ -154,11 +154,17 @@ TEST_CASE("memory: fp32 weights, gradients and state plus activations, 16-bit fl
   const auto m8 = memory_bytes(g, {precision::int8, precision::int8}, 8);
   REQUIRE(m8.activations == 1000 * 2 + 2000 * 1);
   // Plus autocast's copy of the linear's weights (1 byte each; the layer norm keeps
-  // fp32 weights) and the linear's gradient pair (2 x 1000 outputs at 1 byte), live
-  // while nothing is freed yet.
+  // fp32 weights). The peak is at the linear's backward, the first: its gradient pair
+  // (2 x 1000 outputs at 1 byte) and its weight gradient (1600 bytes) beside everything
+  // saved; the layer norm's weight gradient (400 bytes) comes later, once the linear's
+  // 2400 saved bytes are freed.
   REQUIRE(m8.weight_copies == 400 * 1);
   REQUIRE(m8.workspace == 2 * 1000);
-  REQUIRE(m8.total() == 2000 + 2000 + 4000 + 4000 + 400 + 2000);
+  REQUIRE(m8.released == 400);
+  REQUIRE(m8.total() == 2000 + 4000 + (1600 + 4000 + 400 + 2000));
+  // At fp32 too the peak is there (gradients 1600, saved 12000, pair 8000), not at the
+  // end of backward, where every gradient (2000) is held and nothing saved.
+  REQUIRE(m32.total() == 2000 + 4000 + (1600 + 12000 + 8000));
   REQUIRE(clamp_precision(op_kind::softmax, precision::fp8) == precision::fp16);
   REQUIRE(clamp_precision(op_kind::conv, precision::int8) == precision::int8);
 }
@@ -210,8 +216,8 @@ TEST_CASE("memory: an edge cast the consumer saves, where the profile shared its
   // profile holds its input already (4000 bytes at fp32): nothing added there.
   const auto m = memory_bytes(g, {P::fp32, P::fp16, P::fp32}, 0);
   REQUIRE(m.cast_copies == 2000);
-  REQUIRE(m.total() ==
-          m.weights + m.gradients + m.activations + m.weight_copies + 2000 + m.workspace);
+  REQUIRE(m.total() == m.weights + m.gradients + m.activations + m.weight_copies + 2000 +
+                           m.workspace - m.released);
   // tf32 and fp32 share storage: no cast, no copy.
   REQUIRE(memory_bytes(g, {P::fp32, P::tf32, P::fp32}, 0).cast_copies == 0);
   // Several producers seen through the code between modules are one input: the largest.
@@ -295,22 +301,30 @@ TEST_CASE("memory: what code between the ops saved is taken at the ambient preci
 }
 
 TEST_CASE("memory: an op's measured scratch counts where it runs, less what is freed by then") {
-  // a -> b -> c, 1000 outputs each, each saving 4000 bytes at fp32. Backward runs c, b,
-  // a: when b runs, c's 4000 saved bytes are free, when a runs, b's and c's.
+  // a -> b -> c, 1000 outputs each, each saving 4000 bytes at fp32 and holding 10
+  // parameters (40 bytes of gradient). Backward runs c, b, a: when b runs, c's 4000
+  // saved bytes are free, when a runs, b's and c's; the gradients come one op at a time.
   using P = precision;
   std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
                          linear_op("c", {"b"}, 10, 0, 1000)};
   for (op& o : ops) o.saved_bytes[index_of(P::fp32)] = 4000;
   const std::vector<P> fp32(3, P::fp32);
+  const auto held = [&](const std::vector<op>& o) {  // gradients + saved + in flight
+    const memory_breakdown m = memory_bytes(op_graph(o), fp32, 0);
+    return m.total() - m.weights - m.optimizer;
+  };
   const double base = memory_bytes(op_graph(ops), fp32, 0).workspace;
   REQUIRE(base == 8000);  // c's gradient pair, nothing freed yet
-  // b's 20000 bytes of scratch with c's 4000 freed: 8000 + 20000 - 4000.
+  REQUIRE(held(ops) == 40 + 12000 + 8000);
+  // b's 20000 bytes of scratch, with c's 4000 freed and c's and b's gradients held.
   ops[1].workspace_bytes[index_of(P::fp32)] = 20000;
-  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 24000);
-  // The same scratch on a: b's and c's freed.
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 28000);
+  REQUIRE(held(ops) == 80 + 8000 + 28000);
+  // The same scratch on a: b's and c's freed, every gradient held.
   ops[1].workspace_bytes[index_of(P::fp32)] = -1;
   ops[0].workspace_bytes[index_of(P::fp32)] = 20000;
-  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 20000);
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == 28000);
+  REQUIRE(held(ops) == 120 + 4000 + 28000);
   // Scratch measured at fp32 only: a plan at fp16 takes none, and the library workspace
   // (MiB) comes on top.
   REQUIRE(memory_bytes(op_graph(ops), std::vector<P>(3, P::fp16), 0, 1).workspace ==
@@ -318,6 +332,13 @@ TEST_CASE("memory: an op's measured scratch counts where it runs, less what is f
   // Scratch no larger than what is freed by then adds nothing.
   ops[0].workspace_bytes[index_of(P::fp32)] = 1000;
   REQUIRE(memory_bytes(op_graph(ops), fp32, 0).workspace == base);
+  // Weights outweighing what is saved (batch 1): the peak moves to the last op of
+  // backward, every gradient held beside a's saved bytes and pair; b's and c's are freed.
+  for (op& o : ops) o.param_numel = 10000, o.workspace_bytes[index_of(P::fp32)] = -1;
+  const memory_breakdown big = memory_bytes(op_graph(ops), fp32, 0);
+  REQUIRE(big.total() == big.weights + 3 * 40000 + 4000 + 8000);
+  REQUIRE(big.released == 8000);
+  REQUIRE(big.workspace == 8000);
 }
 
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {

@@ -187,7 +187,7 @@ TEST_CASE("the code between the ops goes to the op range after it, not to the ta
   REQUIRE(bare.code_gpu_ms.empty());
   REQUIRE(tail_ms(bare, g) == Approx(0.007 + 0.030 + 0.004 + 0.005));
   const trace_ranges r = read_trace_ranges(tr, &g);
-  REQUIRE(r.dispatch_gap_ms == 0.0);  // no kernel waited in a queue here
+  REQUIRE(r.dispatch_gap_ms == 0.0);                // no kernel waited in a queue here
   REQUIRE(r.code_gpu_ms.at("b") == Approx(0.007));  // the add, launched between a and b
   REQUIRE(r.code_kernels.at("b") == 1);
   // The loss (main thread, after b) and its backward (autograd's thread) precede the
@@ -313,9 +313,12 @@ TEST_CASE("memory counts autocast's weight copies, measured saved bytes and the 
   // at op0 op1's 123 saved bytes and 2000 bytes of weight copy are gone.
   REQUIRE(m.workspace == 1024 * 1024 + 2 * 1000 * 2);
   auto wide = ops;
-  wide[0].output_numel = 10000;  // op0's pair (40000 B) less what op1 freed (2123 B)
+  wide[0].output_numel = 10000;  // op0's pair (40000 B), with what op1 freed (2123 B) gone
   const simulator w(model_of(wide), {"one", {{d, 1, {}}}, {"l", 1, 0}});
-  REQUIRE(w.evaluate(w.uniform(P::fp16)).groups[0].memory.workspace == 1024 * 1024 + 40000 - 2123);
+  const memory_breakdown mw = w.evaluate(w.uniform(P::fp16)).groups[0].memory;
+  REQUIRE(mw.workspace == 1024 * 1024 + 40000);
+  REQUIRE(mw.total() ==
+          mw.weights + mw.optimizer + 1024 * 1024 + (8000 + (2000 + 123 + 4000 - 2123) + 40000));
   op norm = linear_op("ln", {});
   norm.kind = op_kind::layer_norm;
   const simulator n(model_of({norm}), {"one", {{d, 1, {}}}, {"l", 1, 0}});

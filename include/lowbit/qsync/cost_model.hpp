@@ -225,7 +225,9 @@ class cost_model {
   measured_table measured_;
 };
 
-/// Bytes an iteration holds at its peak, by category.
+/// Bytes an iteration holds at its peak: what each category allocates over the step, less
+/// what of it is not live at the peak (`released`: backward frees an op's saved tensors as it
+/// allocates the gradients, so the two are never all held together).
 struct memory_breakdown {
   double weights = 0.0;        ///< fp32 master weights
   double gradients = 0.0;      ///< fp32 gradients
@@ -233,10 +235,12 @@ struct memory_breakdown {
   double activations = 0.0;    ///< saved activations at each op's precision
   double weight_copies = 0.0;  ///< autocast's low-precision weight copies, saved for backward
   double cast_copies = 0.0;    ///< edge casts' outputs saved for backward (cast_saves_copy)
-  double workspace = 0.0;      ///< library workspace, gradients and scratch in flight
-  /// Everything together, bytes.
+  double workspace = 0.0;      ///< library workspace, gradients and scratch in flight at the peak
+  double released = 0.0;       ///< of the above, what is freed or not yet allocated at the peak
+  /// The peak, bytes.
   double total() const noexcept {
-    return weights + gradients + optimizer + activations + weight_copies + cast_copies + workspace;
+    return weights + gradients + optimizer + activations + weight_copies + cast_copies + workspace -
+           released;
   }
 };
 
@@ -302,13 +306,16 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// size, 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
 /// low-precision conv or linear (copies_weights) at that width until backward has used
 /// it. An edge cast whose output the consumer saves where the profile shared the input adds
-/// that output (cast_saves_copy; one input per op, two for a matmul). The workspace is
-/// `workspace_mib` plus what is in flight at the worst point of backward: walking ops in
-/// reverse, op i holds its incoming and outgoing gradient (twice its output at its width) and
-/// its measured transient bytes (op::workspace_bytes) while what the ops before it in backward
-/// saved has been freed, so the term is max_i (2 out_i w_i + scratch_i - freed before i), at
-/// least 0. An op's forward scratch is taken at the same point: the activations saved after
-/// it in forward are those freed before it in backward. With `ambient` (the cast_rule::ambient of
+/// that output (cast_saves_copy; one input per op, two for a matmul). The peak is found by
+/// walking backward (ops in reverse, gradients set to None before the step, as
+/// zero_grad(set_to_none=True) leaves them, and a fused optimizer): at op i the weights,
+/// the optimizer state and `workspace_mib` are held, with the weight gradients of op i and
+/// every op after it, what op i and the ops before it saved (the later ops' backward has
+/// freed theirs), and op i's incoming and outgoing gradient (twice its output at its width)
+/// and measured transient bytes (op::workspace_bytes); after the last op, the weights, the
+/// state and every gradient (the optimizer step). The largest of those is the peak; an op's
+/// forward scratch is taken at the same point (the activations saved after it in forward
+/// are those freed before it in backward). With `ambient` (the cast_rule::ambient of
 /// lowbit's plan applier) an input through code between the ops (op::via_code) arrives at the
 /// ambient precision, whatever its producer ran at: it is a copy only where the op runs at another
 /// width than the ambient one; what that code saved after an op (op::code_saved_bytes) is taken at
@@ -324,7 +331,12 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
   m.weights = 4.0 * (g.total_params() + unused_param_numel);
   m.gradients = 4.0 * trainable;
   m.optimizer = optimizer_bytes_per_param * trainable;
-  double in_flight = 0.0, freed = 0.0;
+  // Per op, in backward's order: what it frees after its backward, what it holds in flight
+  // during it, and its weight gradient.
+  struct held {
+    double saved, in_flight, gradient;
+  };
+  std::vector<held> walk;
   const auto& order = g.topo_order();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const op& o = g.at(*it);
@@ -359,11 +371,21 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     m.weight_copies += copy;
     m.cast_copies += casts;
     const double scratch = std::max(0.0, o.workspace_bytes[index_of(p)]);
-    in_flight = std::max(in_flight, 2.0 * o.output_numel * width + scratch - freed);
-    freed += saved + copy + casts;
+    walk.push_back(
+        {saved + copy + casts, 2.0 * o.output_numel * width + scratch, 4.0 * o.trainable_numel()});
   }
-  m.workspace = workspace_mib * 1024.0 * 1024.0 + in_flight;
   if (ambient) m.activations -= shared_input_casts(g, per_op, *ambient);
+  const double saved_total = m.activations + m.weight_copies + m.cast_copies;
+  // The largest live set (gradients + saved + in flight) and its in-flight part.
+  double peak = m.gradients, peak_in_flight = 0.0, gradients = 0.0, freed = 0.0;
+  for (const held& h : walk) {
+    gradients += h.gradient;
+    const double live = gradients + std::max(0.0, saved_total - freed) + h.in_flight;
+    if (live > peak) peak = live, peak_in_flight = h.in_flight;
+    freed += h.saved;
+  }
+  m.workspace = workspace_mib * 1024.0 * 1024.0 + peak_in_flight;
+  m.released = m.gradients + saved_total + peak_in_flight - peak;
   return m;
 }
 

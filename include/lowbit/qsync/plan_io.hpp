@@ -416,7 +416,8 @@ inline nlohmann::ordered_json group_json(const simulator& sim, const evaluation&
                   {"activations", m.activations / gib},
                   {"weight_copies", m.weight_copies / gib},
                   {"cast_copies", m.cast_copies / gib},
-                  {"workspace", m.workspace / gib}};
+                  {"workspace", m.workspace / gib},
+                  {"released", m.released / gib}};
   return gj;
 }
 }  // namespace detail
