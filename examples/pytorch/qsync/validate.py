@@ -28,10 +28,10 @@ seq 512 at batch 32 and 64, the CNN at batch 1 as the host-bound case) it
 5. with ``--lowbit-plan``, runs the predict mode below.
 
 Your own model: ``--model MODULE:FUNCTION`` (repeatable; MODULE importable, e.g. on
-PYTHONPATH) names ``FUNCTION(batch, device) -> (model, forward_loss)``, as
-``qsync.zoo.make`` builds its models: ``forward_loss()`` runs the forward on a fixed
-batch and returns the loss. Each size of ``--batch`` (default 32) is a case
-``<FUNCTION>-b<batch>``, run through the same steps instead of the built-in cases.
+PYTHONPATH, or a path ``FILE.py``) names ``FUNCTION(batch, device) -> (model,
+forward_loss)``, as ``qsync.zoo.make`` builds its models: ``forward_loss()`` runs the
+forward on a fixed batch and returns the loss. Each size of ``--batch`` (default 32) is a
+case ``<FUNCTION>-b<batch>``, run through the same steps instead of the built-in cases.
 
 The host side of a step is not steady on the machine this was written for (a VM
 whose per-thread speed drifts by 20% or more from minute to minute, whatever the
@@ -226,21 +226,33 @@ def zoo_cases(part=(1, 1)):
 
 
 def model_cases(targets, batches):
-    """The cases of ``--model MODULE:FUNCTION`` (each imported here) at each batch size,
+    """The cases of ``--model MODULE:FUNCTION`` or ``FILE.py:FUNCTION`` (each imported
+    here) at each batch size,
     named ``<FUNCTION>-b<batch>``: ``FUNCTION(batch, device)`` builds the model and its
     forward-and-loss closure (under --smoke at a batch of at most 2). ValueError for a
     target that is not MODULE:FUNCTION, or a function that does not import or is not
     callable, naming it."""
     import importlib
 
+    import importlib.util
+
     out = {}
     for target in targets:
-        module, sep, function = target.partition(":")
+        module, sep, function = target.rpartition(":")
         if not (sep and module and function):
-            raise ValueError("--model %r: expected MODULE:FUNCTION" % target)
+            raise ValueError("--model %r: expected MODULE:FUNCTION or FILE.py:FUNCTION" % target)
         try:
-            make = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError) as e:
+            if module.endswith(".py"):  # a script of one's own, by its path
+                if not os.path.isfile(module):
+                    raise ImportError("no file %s" % module)
+                spec = importlib.util.spec_from_file_location(
+                    os.path.splitext(os.path.basename(module))[0], module)
+                loaded = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(loaded)
+            else:
+                loaded = importlib.import_module(module)
+            make = getattr(loaded, function)
+        except (ImportError, AttributeError, SyntaxError, OSError) as e:
             raise ValueError("--model %s: %s: %s" % (target, type(e).__name__, e)) from e
         if not callable(make):
             raise ValueError("--model %s: not callable" % target)
@@ -829,7 +841,8 @@ def parse_args(argv=None):
                          "built-in cases; writes OUT/zoo.csv")
     ap.add_argument("--model", action="append", default=[], metavar="MODULE:FUNCTION",
                     help="a model of your own instead of the built-in cases (repeatable): "
-                         "FUNCTION(batch, device) -> (model, forward_loss), as qsync.zoo.make")
+                         "FUNCTION(batch, device) -> (model, forward_loss), as qsync.zoo.make, "
+                         "in an importable MODULE or a FILE.py")
     ap.add_argument("--batch", default="32",
                     help="with --model, comma list of batch sizes, a case each (default 32)")
     ap.add_argument("--part", default="1/1",

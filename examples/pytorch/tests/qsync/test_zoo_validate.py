@@ -52,6 +52,18 @@ class ZooCases(unittest.TestCase):
         self.assertEqual(a.cases.split(","), ["make-b1", "make-b8"])
         self.assertEqual(a.case_specs["make-b1"]["regime"], "host")
         self.assertEqual(a.case_specs["make-b8"]["batch"], 8)
+        with tempfile.TemporaryDirectory() as d:  # a script of one's own, by its path
+            script = os.path.join(d, "my_net.py")
+            with open(script, "w") as f:
+                f.write("def make(batch, device):\n    return None, None\n")
+            a = v.parse_args(["--out", "x", "--model", script + ":make", "--batch", "2"])
+            self.assertEqual(list(a.case_specs), ["make-b2"])
+            with open(os.path.join(d, "broken.py"), "w") as f:
+                f.write("def make(:\n")
+            for bad in (os.path.join(d, "broken.py:make"), os.path.join(d, "none.py:make"),
+                        script + ":other"):
+                with self.assertRaises(SystemExit, msg=bad):
+                    v.parse_args(["--out", "x", "--model", bad])
         for bad in (["--model", "qsync.zoo"], ["--model", "qsync.zoo:nothing_here"],
                     ["--model", "no_such_module:make"], ["--model", "qsync.zoo:CASES"],
                     ["--model", "qsync.zoo:make", "--batch", "0"],
