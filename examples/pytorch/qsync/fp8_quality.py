@@ -274,13 +274,6 @@ def tiny_lm(torch):
 
 # --------------------------------------------------------------------- fp8 on device
 
-def fp8_runs(torch, device) -> bool:
-    """True when torch._scaled_mm runs on `device` (qsync.fp8.runs_on)."""
-    from . import fp8
-
-    return fp8.runs_on(device)
-
-
 def standin(plan: dict) -> dict:
     """`plan` with every fp8 made bf16: what a smoke run trains where fp8 GEMMs do not
     run (labelled in its rows)."""
@@ -799,7 +792,9 @@ def main(argv=None):
     torch = v.torch_for(args, "fp8_quality.py")
     if torch is None:
         return 2
-    if not fp8_runs(torch, args.device):
+    from . import fp8  # torch's: imported once torch is known to be there
+
+    if not fp8.runs_on(args.device):
         if not args.smoke:
             print("fp8_quality.py: torch._scaled_mm does not run on this GPU (sm_89 or later "
                   "needed)", file=sys.stderr)

@@ -227,13 +227,10 @@ def zoo_cases(part=(1, 1)):
 
 def model_cases(targets, batches):
     """The cases of ``--model MODULE:FUNCTION`` or ``FILE.py:FUNCTION`` (each imported
-    here) at each batch size,
-    named ``<FUNCTION>-b<batch>``: ``FUNCTION(batch, device)`` builds the model and its
-    forward-and-loss closure (under --smoke at a batch of at most 2). ValueError for a
-    target that is not MODULE:FUNCTION, or a function that does not import or is not
-    callable, naming it."""
-    import importlib
-
+    here) at each batch size, named ``<FUNCTION>-b<batch>``: ``FUNCTION(batch, device)``
+    builds the model and its forward-and-loss closure (under --smoke at a batch of at most
+    2). ValueError for a target that is not MODULE:FUNCTION, or a function that does not
+    import or is not callable, naming it."""
     import importlib.util
 
     out = {}

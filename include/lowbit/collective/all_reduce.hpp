@@ -154,17 +154,23 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
 
  private:
   void run(const T* in, T* out, std::size_t count, int bits, stream_type stream) {
+    at_width(bits, [&](auto codec) {
+      this->engine_.template all_reduce<decltype(codec)>(in, out, count, stream,
+                                                         "lowbit::dynamic_all_reduce");
+    });
+  }
+
+  /// Calls f(CodecOf<bits>{}) for a compiled width; lowbit::invalid_argument naming the
+  /// compiled set otherwise.
+  template <class F>
+  void at_width(int bits, F&& f) const {
     if (!supports(bits)) {
       std::string set;
       ((set += (set.empty() ? "" : ", ") + std::to_string(Bits)), ...);
       LOWBIT_EXPECTS(false, "lowbit::dynamic_all_reduce: " + std::to_string(bits) +
                                 " bits is not among the compiled widths {" + set + "}");
     }
-    (void)((bits == Bits ? (this->engine_.template all_reduce<CodecOf<Bits>>(
-                                in, out, count, stream, "lowbit::dynamic_all_reduce"),
-                            true)
-                         : false) ||
-           ...);
+    (void)((bits == Bits ? (f(CodecOf<Bits>{}), true) : false) || ...);
   }
 
  public:
@@ -178,12 +184,8 @@ class dynamic_all_reduce<T, CodecOf, bit_widths<Bits...>, Feedback, Schedule, Ba
   /// lies (its element 0 is value begin). Throws for a width outside the compiled set.
   schedule::range reduced_shard(std::size_t count, int bits) const {
     schedule::range r{};
-    const bool known =
-        ((bits == Bits ? (r = this->engine_.template my_shard<CodecOf<Bits>>(count), true)
-                       : false) ||
-         ...);
-    LOWBIT_EXPECTS(known, "lowbit::dynamic_all_reduce::reduced_shard: " + std::to_string(bits) +
-                              " bits is not among the compiled widths");
+    at_width(bits,
+             [&](auto codec) { r = this->engine_.template my_shard<decltype(codec)>(count); });
     return r;
   }
 };

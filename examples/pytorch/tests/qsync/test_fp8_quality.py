@@ -19,8 +19,9 @@ from qsync import fp8_quality as fq
 
 try:
     import torch
+    from qsync import fp8
 except ImportError:
-    torch = None
+    torch = fp8 = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
@@ -281,7 +282,7 @@ class Smoke(unittest.TestCase):
             self.assertGreater(float(r["step_ms"]), 0)
             self.assertIn("smoke: not a measurement", r["hardware"])
         self.assertEqual({r["loss_gap"] for r in rows if r["plan"] == "bf16"}, {"+0.00000"})
-        fp8_runs = fq.fp8_runs(torch, "cpu")
+        fp8_runs = fp8.runs_on("cpu")
         self.assertEqual({r["fp8_ops"] for r in rows if r["plan"] == "fp8"},
                          {"9" if fp8_runs else "0"})  # 2 blocks x 4 linears + the head
         self.assertEqual({(r["m"], r["k"], r["n"]) for r in gemm},
@@ -307,7 +308,7 @@ class Smoke(unittest.TestCase):
         a, b = run(qm.uniform_plan("bf16"), 0), run(qm.uniform_plan("bf16"), 0)
         self.assertEqual(a, b)  # a run is a function of its plan and seed
         self.assertNotEqual(run(qm.uniform_plan("bf16"), 1), a)
-        if fq.fp8_runs(torch, "cpu"):  # fp8 starts where bf16 does and then departs
+        if fp8.runs_on("cpu"):  # fp8 starts where bf16 does and then departs
             c = run(qm.uniform_plan("fp8"), 0)
             self.assertAlmostEqual(c[0], a[0], delta=0.05)
             self.assertNotEqual(c, a)
@@ -325,7 +326,7 @@ class Smoke(unittest.TestCase):
         self.assertEqual([(r["model"], r["plan"], r["status"]) for r in rows],
                          [(m, p, "ok") for m in ("hf-llama", "tv-vit-b16")
                           for p in ("bf16", "fp8")])
-        if fq.fp8_runs(torch, "cpu"):
+        if fp8.runs_on("cpu"):
             # Llama: 2 layers x 7 linears + the head; the ViT: its MLPs' linears only
             # (nn.MultiheadAttention's projections are function calls, not fp8's)
             self.assertEqual([r["fp8_ops"] for r in rows if r["plan"] == "fp8"], ["15", "4"])
