@@ -180,6 +180,44 @@ TEST_CASE("switch: fp8 ops take and give bf16, so a bf16 step casts nothing arou
   REQUIRE(casts == 4);  // into and out of mid, forward and backward
 }
 
+TEST_CASE(
+    "switch: fp8 ops' measured host time holds their hooks; a bf16 op fed by one is wrapped") {
+  // A host-bound chain of linears measured at fp8 and bf16. The applier's ambient under a
+  // plan of mostly fp8 is bf16, so it wraps every fp8 op (in the uniform fp8 profile too:
+  // their host time there holds the hooks) and a bf16 op with parameters fed by an fp8 op.
+  device_profile d = round_device();
+  d.peak_tflops[index_of(P::fp8)] = 4;
+  d.peak_tflops[index_of(P::bf16)] = 2;
+  d.precisions = {P::fp8, P::bf16, P::fp32};
+  const double wrap = 0.05;
+  const auto ops = linear_chain(4);
+  const auto chain = [&](double hooks) {
+    training_model m = model_of(ops);
+    m.casts = cast_rule::ambient;
+    device_group grp{with_switch_costs(d, 0.0, 0.0, hooks), 1, {}};
+    for (const op& o : ops)
+      for (P p : {P::fp8, P::bf16, P::fp32}) {
+        grp.measured.set(o.name, p, {0.01, 0.01});
+        grp.measured.set_host(o.name, p, {1.0, 1.0});
+      }
+    for (P p : {P::fp8, P::bf16, P::fp32}) grp.measured.set_tail(p, {0.1, 0.5});
+    return simulator(m, {"one", {grp}, {"l", 1, 0}});
+  };
+  const simulator base = chain(0.0), priced = chain(wrap);
+  const std::vector<P> fp8(4, P::fp8);
+  REQUIRE(priced.wrapped_ops(fp8, P::bf16) == std::vector<bool>(4, true));
+  REQUIRE(iteration(priced, fp8) == iteration(base, fp8));  // in the profile already
+  // op2 at bf16, the ambient: wrapped (fed by fp8 op1), op3 (fp8, fed by bf16) as always.
+  const std::vector<P> one_bf16 = {P::fp8, P::fp8, P::bf16, P::fp8};
+  REQUIRE(priced.wrapped_ops(one_bf16, P::bf16) == std::vector<bool>(4, true));
+  REQUIRE(iteration(priced, one_bf16) - iteration(base, one_bf16) == Approx(wrap).epsilon(1e-12));
+  // A bf16 plan with one fp8 op: that op is wrapped and its profile holds it; op2 (bf16 fed
+  // by it) is wrapped and priced.
+  const std::vector<P> one_fp8 = {P::bf16, P::fp8, P::bf16, P::bf16};
+  REQUIRE(priced.wrapped_ops(one_fp8, P::bf16) == std::vector<bool>{false, true, true, false});
+  REQUIRE(iteration(priced, one_fp8) - iteration(base, one_fp8) == Approx(wrap).epsilon(1e-12));
+}
+
 TEST_CASE("switch: an op without a backward costs nothing there, measured or not") {
   std::vector<op> ops = linear_chain(2);
   op id;

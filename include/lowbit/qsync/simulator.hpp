@@ -131,9 +131,10 @@ class simulator {
   /// own profile and step. Each op kernel carries the op's host time (measured,
   /// else one launch); an edge cast carries the device's cast host time (forward, or its
   /// gradient's in backward), a weight or graph-input cast one launch. Through the
-  /// ambient, every op the applier wraps (wrapped_ops) carries the host time of its hooks
-  /// on its forward kernel. The tail is the one measured at A (else the roofline
-  /// optimizer step).
+  /// ambient, every op the applier wraps (wrapped_ops at the ambient) carries the host time
+  /// of its hooks on its forward kernel, unless its measured time holds them (an fp8 op:
+  /// the applier wraps every fp8 op, the uniform fp8 profile's too). The tail is the one measured
+  /// at A (else the roofline optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
     const cost_model& cm = costs_.at(g);
@@ -171,8 +172,13 @@ class simulator {
       if (!free_casts(i) && !free_casts(other)) cast(from, to, numel, i, edge_host[backward]);
     };
     const std::vector<bool> wrapped =
-        through_ambient ? wrapped_ops(p, step) : std::vector<bool>(gr.size(), false);
+        through_ambient ? wrapped_ops(p, ambient) : std::vector<bool>(gr.size(), false);
     const double wrap = cm.device().switches.wrap_ms;
+    // An op that does not carry its own precision (fp8) is off the ambient even in its
+    // uniform plan, so its profile ran it wrapped: its measured host time holds the hooks.
+    const auto wrap_ms = [&](std::size_t i, bool inside) {
+      return wrapped[i] && !(inside && carried(i) != p[i]) ? wrap : 0.0;
+    };
     // The code between the ops (residual adds, functional attention, a loss), measured
     // before each op in the profile whose tail the plan takes: the code runs at the
     // ambient precision. Its host time is in the op's (cpu 0 here); its kernels run before
@@ -203,8 +209,8 @@ class simulator {
         for (std::size_t j : gr.producers(i)) in += gr.at(j).output_numel;
         cast(carried(i), p[i], in, i, launch);
       }
-      push(cm.host_time(o, p[i]).forward_ms + (wrapped[i] ? wrap : 0.0),
-           cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
+      push(cm.host_time(o, p[i]).forward_ms + wrap_ms(i, inside), cm.time(o, p[i]).forward_ms,
+           kernel_kind::forward, i);
       if (through_ambient) edge_cast(carried(i), ambient, o.output_numel, i, i, false);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
