@@ -252,7 +252,7 @@ class simulator {
   /// ops off the ambient): every op at another precision than the ambient, and every op
   /// with parameters fed by an op at another precision than its own. Each carries forward
   /// hooks (a pre- and a post-hook, autocast entered and left, its inputs and outputs
-  /// walked); a uniform plan wraps nothing.
+  /// walked); a uniform plan wraps nothing, but for fp8 (its ambient is bf16).
   std::vector<bool> wrapped_ops(const std::vector<precision>& p, precision ambient) const {
     const op_graph& gr = model_.graph;
     std::vector<bool> out(gr.size(), false);
