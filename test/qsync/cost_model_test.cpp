@@ -341,6 +341,32 @@ TEST_CASE("memory: an op's measured scratch counts where it runs, less what is f
   REQUIRE(big.workspace == 8000);
 }
 
+TEST_CASE("memory: the code after an op holds its backward transient before the op's") {
+  // a -> b -> c as above (4000 saved bytes each, 40 bytes of gradient, 1000 outputs): the
+  // loss after c (a language model's head) allocates 30000 transient bytes in its
+  // backward, before c's backward and c's weight gradient; measured at fp32 and fp16.
+  using P = precision;
+  std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
+                         linear_op("c", {"b"}, 10, 0, 1000)};
+  for (op& o : ops) o.saved_bytes[index_of(P::fp32)] = 4000;
+  const std::vector<P> fp32(3, P::fp32);
+  const double before = memory_bytes(op_graph(ops), fp32, 0).total();
+  ops[2].code_workspace_bytes[index_of(P::fp32)] = 30000;
+  const memory_breakdown m = memory_bytes(op_graph(ops), fp32, 0);
+  REQUIRE(m.workspace == 30000);                       // in place of c's gradient pair (8000)
+  REQUIRE(m.total() == m.weights + 3 * 4000 + 30000);  // no gradient yet
+  REQUIRE(m.total() - before == 30000 - 8000 - 40);
+  // Smaller than c's own pair and gradient: nothing changes.
+  ops[2].code_workspace_bytes[index_of(P::fp32)] = 8000;
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0).total() == before);
+  // Under the applier the code runs at the ambient: c at fp32 in an fp16 step takes the
+  // code's fp16 transient.
+  ops[2].code_workspace_bytes[index_of(P::fp32)] = 30000;
+  ops[2].code_workspace_bytes[index_of(P::fp16)] = 50000;
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0, 0, P::fp16).workspace == 50000);
+  REQUIRE(memory_bytes(op_graph(ops), fp32, 0, 0, P::fp32).workspace == 30000);
+}
+
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   op ln;
   ln.name = "ln";

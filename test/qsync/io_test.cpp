@@ -165,6 +165,18 @@ TEST_CASE("model JSON: frozen and unused parameters") {
       Contains("\"unused_params\" numel must be >= 0"));
 }
 
+TEST_CASE("model JSON: measured bytes per precision") {
+  const training_model m = model_from_json(json::parse(
+      R"({"ops": [{"name": "head", "param_numel": 10, "saved_bytes": {"bf16": 3},
+                   "workspace_bytes": {"bf16": 5}, "code_workspace_bytes": {"bf16": 7, "fp32": 9}}]})"));
+  const op& head = m.graph.at(0);
+  REQUIRE(head.saved_bytes[index_of(precision::bf16)] == 3);
+  REQUIRE(head.workspace_bytes[index_of(precision::bf16)] == 5);
+  REQUIRE(head.code_workspace_bytes[index_of(precision::bf16)] == 7);
+  REQUIRE(head.code_workspace_bytes[index_of(precision::fp32)] == 9);
+  REQUIRE(head.code_workspace_bytes[index_of(precision::fp16)] < 0);  // not measured
+}
+
 TEST_CASE("model JSON errors name the place") {
   auto parse = [](const char* text) { return model_from_json(json::parse(text)); };
   REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"}, {"name": "b", "inputs": ["zz"]}]})"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -327,25 +327,36 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
 
 
 def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
-                     device_type: str = "cuda") -> Dict[str, float]:
-    """Runs ``step`` once under ``precision`` with backward and returns, per op, the
-    transient bytes it allocated and freed within its forward or its backward call (the
-    larger): a convolution's cuDNN workspace, a GEMM's scratch, temporaries. The peak of
-    the CUDA caching allocator is reset as each op starts and read as it ends; its
-    excess over what is still allocated at the end is the op's scratch. The forward is
-    bracketed by the op's start and end (attribution.OpTracker), the backward by hooks
-    on the autograd nodes its forward made (attribution.Span). Empty where the device is
-    not CUDA (the caching allocator's statistics are CUDA's). Run it after a few warm
-    steps, so that one-time allocations (cuDNN's plans, cuBLAS's workspace) are not
-    taken for an op's scratch. The model's buffers are restored after the step."""
+                     device_type: str = "cuda") -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Runs ``step`` once under ``precision`` with backward and returns two maps of op
+    to bytes. The first: the transient bytes each op allocated and freed within its
+    forward or its backward call (the larger): a convolution's cuDNN workspace, a GEMM's
+    scratch, temporaries. The second: the peak the backward of the code between the ops
+    reached above what was allocated as it started (the loss's backward: a language
+    model's logits gradient in fp32 and log-softmax's, several times the logits), charged
+    to the op whose backward comes next (the op that ran last before that code, as
+    record_ops charges what the code saved). The peak of the CUDA caching allocator is
+    reset as each op starts and read as it ends; its excess over what is still allocated
+    at the end is the op's scratch. The forward is bracketed by the op's start and end
+    (attribution.OpTracker), the backward by hooks on the autograd nodes its forward made
+    (attribution.Span); a stretch of backward while an op's span is open is that op's,
+    not code's. Both empty where the device is not CUDA (the caching allocator's
+    statistics are CUDA's). Run it after a few warm steps, so that one-time allocations
+    (cuDNN's plans, cuBLAS's workspace) are not taken for an op's scratch. The model's
+    buffers are restored after the step."""
     if device_type != "cuda" or not torch.cuda.is_available():
-        return {}
+        return {}, {}
     cuda = torch.cuda
     scratch: Dict[str, float] = {}
+    code: Dict[str, float] = {}
     start: Dict[str, int] = {}
     stops: Dict[str, set] = {}
     claimed: set = set()
     spans: List[Span] = []
+    # Backward: the allocation where the code between the ops began (after the last span
+    # closed, or as backward started), and how many op spans are open.
+    code_from = [0]
+    open_spans = [0]
 
     def begin(op):
         cuda.reset_peak_memory_stats()
@@ -355,6 +366,26 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
         extra = cuda.max_memory_allocated() - max(start[op], cuda.memory_allocated())
         scratch[op] = max(scratch.get(op, 0.0), float(max(0, extra)))
 
+    def code_until(op):  # the code's backward ran since code_from; op's begins now
+        if open_spans[0] == 0:
+            extra = cuda.max_memory_allocated() - code_from[0]
+            code[op] = max(code.get(op, 0.0), float(max(0, extra)))
+
+    def code_starts():
+        cuda.reset_peak_memory_stats()
+        code_from[0] = cuda.memory_allocated()
+
+    def backward_begin(op):
+        code_until(op)
+        open_spans[0] += 1
+        begin(op)
+
+    def backward_end(op):
+        end(op)
+        open_spans[0] -= 1
+        if open_spans[0] == 0:
+            code_starts()
+
     def enter(op, module, args, kwargs, own, func):
         stops[op] = grad_fns(tensors((args, kwargs)))
         begin(op)
@@ -362,7 +393,8 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
     def exit(op, args, kwargs, out):
         end(op)
         heads, nodes = backward_nodes(tensors(out), stops.pop(op), claimed)
-        spans.append(Span(heads, nodes, 0, lambda op=op: begin(op), lambda op=op: end(op)))
+        spans.append(Span(heads, nodes, 0, lambda op=op: backward_begin(op),
+                          lambda op=op: backward_end(op)))
 
     buffers = _snapshot_buffers(model)
     try:
@@ -370,6 +402,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
         with OpTracker(model, enter, exit, on_iteration=claimed.clear), \
                 precision_context(precision, device_type):
             loss = step()
+        code_starts()
         loss.backward()
         cuda.synchronize()
         model.zero_grad(set_to_none=True)
@@ -378,7 +411,7 @@ def record_workspace(model: torch.nn.Module, step: Callable[[], torch.Tensor], p
             span.release()
         claimed.clear()
         _restore_buffers(buffers)
-    return scratch
+    return scratch, code
 
 
 def function_ops(records: Dict[str, dict]) -> bool:
@@ -386,11 +419,14 @@ def function_ops(records: Dict[str, dict]) -> bool:
     return any(r.get("call") == "function" for r in records.values())
 
 
-def merge_workspace(records: Dict[str, dict], precision: str, scratch: Dict[str, float]) -> None:
-    """Adds ``record_workspace``'s bytes at ``precision`` to the records."""
-    for op, b in scratch.items():
-        if op in records:
-            records[op].setdefault("workspace_bytes", {})[precision] = b
+def merge_workspace(records: Dict[str, dict], precision: str, scratch: Dict[str, float],
+                    code: Optional[Dict[str, float]] = None) -> None:
+    """Adds ``record_workspace``'s bytes at ``precision`` to the records: ``scratch`` as
+    "workspace_bytes", ``code`` as "code_workspace_bytes"."""
+    for key, part in (("workspace_bytes", scratch), ("code_workspace_bytes", code or {})):
+        for op, b in part.items():
+            if op in records:
+                records[op].setdefault(key, {})[precision] = b
 
 
 def merge_saved_bytes(base: Dict[str, dict], other: Dict[str, dict]) -> None:

@@ -95,7 +95,8 @@ def forward_ranges(trace) -> List[str]:
 
 
 # Per-precision byte maps of a record that the model JSON carries only where non-zero.
-MEASURED_PARTS = ("input_cast_bytes", "code_saved_bytes", "workspace_bytes")
+MEASURED_PARTS = ("input_cast_bytes", "code_saved_bytes", "workspace_bytes",
+                  "code_workspace_bytes")
 
 
 def measured_part(record: dict, key: str) -> Dict[str, float]:
@@ -111,6 +112,7 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     ``{op_name: {"kind" or "module_class", "flops", "bytes", "output_numel",
     "saved_bytes": {precision: bytes}, "input_cast_bytes": {precision: bytes},
     "code_saved_bytes": {precision: bytes}, "workspace_bytes": {precision: bytes},
+    "code_workspace_bytes": {precision: bytes},
     "param_numel", "inputs", "via_code", "stats", "order"}}``; "via_code" lists the inputs
     that reach the op through code between the ops rather than as the producer's own
     output).

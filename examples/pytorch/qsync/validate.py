@@ -426,8 +426,9 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
             step = training_step(torch, model, opt, forward_loss, context)
             for _ in range(2):
                 step()  # optimizer state and allocator warm before profiling
-            scratch = {} if p == "fp8" else ex.record_workspace(model, forward_loss, p, device)
-            ex.merge_workspace(records, p, scratch)
+            scratch, code = ({}, {}) if p == "fp8" else ex.record_workspace(
+                model, forward_loss, p, device)
+            ex.merge_workspace(records, p, scratch, code)
             if scratch:
                 top = max(scratch, key=scratch.get)
                 log("%s: %s scratch: largest %.1f MiB (%s), %d ops with any" % (
@@ -461,9 +462,10 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
     for o in model_json["ops"]:  # measured per precision in the loop, after the JSON
-        ws = qm.measured_part(records[o["name"]], "workspace_bytes")
-        if ws:
-            o["workspace_bytes"] = ws
+        for key in ("workspace_bytes", "code_workspace_bytes"):
+            ws = qm.measured_part(records[o["name"]], key)
+            if ws:
+                o[key] = ws
     if "fp8" in precisions:  # the allocator may put at fp8 only what applied_plan runs
         model_json = fp8_menu_model(model, model_json)
     mpath = os.path.join(out, "%s.model.json" % name)

@@ -312,7 +312,10 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// the optimizer state and `workspace_mib` are held, with the weight gradients of op i and
 /// every op after it, what op i and the ops before it saved (the later ops' backward has
 /// freed theirs), and op i's incoming and outgoing gradient (twice its output at its width)
-/// and measured transient bytes (op::workspace_bytes); after the last op, the weights, the
+/// and measured transient bytes (op::workspace_bytes); just before op i (its weight
+/// gradient not yet allocated), the same with the transient of the backward of the code
+/// right after op i instead (op::code_workspace_bytes, at the ambient where measured
+/// there: a language model's loss); after the last op, the weights, the
 /// state and every gradient (the optimizer step). The largest of those is the peak; an op's
 /// forward scratch is taken at the same point (the activations saved after it in forward
 /// are those freed before it in backward). With `ambient` (the cast_rule::ambient of
@@ -332,9 +335,10 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
   m.gradients = 4.0 * trainable;
   m.optimizer = optimizer_bytes_per_param * trainable;
   // Per op, in backward's order: what it frees after its backward, what it holds in flight
-  // during it, and its weight gradient.
+  // during it, what the code after it holds in flight just before it, and its weight
+  // gradient.
   struct held {
-    double saved, in_flight, gradient;
+    double saved, in_flight, code_in_flight, gradient;
   };
   std::vector<held> walk;
   const auto& order = g.topo_order();
@@ -371,16 +375,23 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     m.weight_copies += copy;
     m.cast_copies += casts;
     const double scratch = std::max(0.0, o.workspace_bytes[index_of(p)]);
-    walk.push_back(
-        {saved + copy + casts, 2.0 * o.output_numel * width + scratch, 4.0 * o.trainable_numel()});
+    // The code after the op runs at the ambient under the applier, as it saves.
+    const precision code_at =
+        ambient && o.code_workspace_bytes[index_of(*ambient)] >= 0 ? *ambient : p;
+    const double code_scratch = std::max(0.0, o.code_workspace_bytes[index_of(code_at)]);
+    walk.push_back({saved + copy + casts, 2.0 * o.output_numel * width + scratch, code_scratch,
+                    4.0 * o.trainable_numel()});
   }
   if (ambient) m.activations -= shared_input_casts(g, per_op, *ambient);
   const double saved_total = m.activations + m.weight_copies + m.cast_copies;
   // The largest live set (gradients + saved + in flight) and its in-flight part.
   double peak = m.gradients, peak_in_flight = 0.0, gradients = 0.0, freed = 0.0;
   for (const held& h : walk) {
+    const double kept = std::max(0.0, saved_total - freed);
+    if (gradients + kept + h.code_in_flight > peak)  // before the op's weight gradient
+      peak = gradients + kept + h.code_in_flight, peak_in_flight = h.code_in_flight;
     gradients += h.gradient;
-    const double live = gradients + std::max(0.0, saved_total - freed) + h.in_flight;
+    const double live = gradients + kept + h.in_flight;
     if (live > peak) peak = live, peak_in_flight = h.in_flight;
     freed += h.saved;
   }

@@ -141,6 +141,11 @@ struct op {
   /// measured at each precision; negative where not measured. At a small batch they can
   /// be the largest share of the peak above the weights and optimizer state.
   std::array<double, precision_count> workspace_bytes = detail::unmeasured();
+  /// The peak the backward of the code between the ops right after this op reached above
+  /// what was allocated as it started (the loss's backward after a language model's head:
+  /// its fp32 logits gradients), measured at each precision; negative where not measured.
+  /// It runs just before this op's backward, with the same tensors held.
+  std::array<double, precision_count> code_workspace_bytes = detail::unmeasured();
 
   /// True when the op owns parameters (so it has a gradient to all-reduce, and it is a
   /// decision of the allocator; parameter-free ops follow their first input).

@@ -107,6 +107,7 @@ inline training_model model_from_json(const nlohmann::json& j) {
       per_precision("input_cast_bytes", o.input_cast_bytes);
       per_precision("code_saved_bytes", o.code_saved_bytes);
       per_precision("workspace_bytes", o.workspace_bytes);
+      per_precision("code_workspace_bytes", o.code_workspace_bytes);
       if (x.contains("stats")) {
         const auto& s = x["stats"];
         o.stats.weight_norm = detail::number_or(s, "weight_norm", 0);

@@ -74,17 +74,59 @@ class RecordWorkspace(unittest.TestCase):
                                  max_memory_allocated=lambda: ALLOC.peak,
                                  reset_peak_memory_stats=ALLOC.reset,
                                  synchronize=lambda: None):
-            got = ex.record_workspace(model, lambda: model(x).sum(), "fp32", device_type="cuda")
+            got, code = ex.record_workspace(model, lambda: model(x).sum(), "fp32",
+                                            device_type="cuda")
         self.assertEqual(got, {"a": 4000.0, "b": 300.0, "c": 0.0, "b#2": 300.0})
+        self.assertEqual(code, {"a": 0.0, "b": 0.0, "c": 0.0, "b#2": 0.0})
         self.assertEqual(ex.record_workspace(model, lambda: model(x).sum(), "fp32",
-                                             device_type="cpu"), {})
+                                             device_type="cpu"), ({}, {}))
+
+    def test_the_code_between_ops_backward_goes_to_the_op_whose_backward_follows(self):
+        # a -> code (backward: 500 transient) -> b -> the loss (backward: 7000, as a
+        # language model's logits gradients): each code stretch is charged to the op
+        # that ran last before it, whose backward comes next, apart from the ops' own.
+        from qsync import export as ex
+
+        class Code(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, bwd):
+                ctx.bwd = bwd
+                return x + 1
+
+            @staticmethod
+            def backward(ctx, g):
+                ALLOC.spike(ctx.bwd)
+                return g, None
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = Op(10, 20), Op(30, 40)
+
+            def forward(self, x):
+                return self.b(Code.apply(self.a(x), 500))
+
+        model = Model()
+        x = torch.ones(4, requires_grad=True)
+        ALLOC.__init__()
+        with mock.patch.multiple(torch.cuda, is_available=lambda: True,
+                                 memory_allocated=lambda: ALLOC.now,
+                                 max_memory_allocated=lambda: ALLOC.peak,
+                                 reset_peak_memory_stats=ALLOC.reset,
+                                 synchronize=lambda: None):
+            got, code = ex.record_workspace(model, lambda: Code.apply(model(x), 7000).sum(),
+                                            "fp32", device_type="cuda")
+        self.assertEqual(got, {"a": 20.0, "b": 40.0})
+        self.assertEqual(code, {"b": 7000.0, "a": 500.0})
 
     def test_merge_into_records(self):
         from qsync import export as ex
 
         records = {"a": {"saved_bytes": {"fp32": 1.0}}, "b": {}}
-        ex.merge_workspace(records, "bf16", {"a": 10.0, "zzz": 5.0})
+        ex.merge_workspace(records, "bf16", {"a": 10.0, "zzz": 5.0}, {"b": 7.0})
         self.assertEqual(records["a"]["workspace_bytes"], {"bf16": 10.0})
         self.assertNotIn("workspace_bytes", records["b"])
+        self.assertEqual(records["b"]["code_workspace_bytes"], {"bf16": 7.0})
+        self.assertNotIn("code_workspace_bytes", records["a"])
 
 
