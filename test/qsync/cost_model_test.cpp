@@ -300,14 +300,22 @@ TEST_CASE("memory: what code between the ops saved is taken at the ambient preci
   REQUIRE(memory_bytes(op_graph({v, o}), {P::fp32, P::fp16}, 0, 0, P::fp16).activations == 4000);
 }
 
+namespace {
+// a -> b -> c, 1000 outputs each, each saving 4000 bytes at fp32 and holding 10 parameters.
+std::vector<op> saving_chain() {
+  std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
+                         linear_op("c", {"b"}, 10, 0, 1000)};
+  for (op& o : ops) o.saved_bytes[index_of(precision::fp32)] = 4000;
+  return ops;
+}
+}  // namespace
+
 TEST_CASE("memory: an op's measured scratch counts where it runs, less what is freed by then") {
   // a -> b -> c, 1000 outputs each, each saving 4000 bytes at fp32 and holding 10
   // parameters (40 bytes of gradient). Backward runs c, b, a: when b runs, c's 4000
   // saved bytes are free, when a runs, b's and c's; the gradients come one op at a time.
   using P = precision;
-  std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
-                         linear_op("c", {"b"}, 10, 0, 1000)};
-  for (op& o : ops) o.saved_bytes[index_of(P::fp32)] = 4000;
+  std::vector<op> ops = saving_chain();
   const std::vector<P> fp32(3, P::fp32);
   const auto held = [&](const std::vector<op>& o) {  // gradients + saved + in flight
     const memory_breakdown m = memory_bytes(op_graph(o), fp32, 0);
@@ -346,9 +354,7 @@ TEST_CASE("memory: the code after an op holds its backward transient before the 
   // loss after c (a language model's head) allocates 30000 transient bytes in its
   // backward, before c's backward and c's weight gradient; measured at fp32 and fp16.
   using P = precision;
-  std::vector<op> ops = {linear_op("a", {}, 10, 0, 1000), linear_op("b", {"a"}, 10, 0, 1000),
-                         linear_op("c", {"b"}, 10, 0, 1000)};
-  for (op& o : ops) o.saved_bytes[index_of(P::fp32)] = 4000;
+  std::vector<op> ops = saving_chain();
   const std::vector<P> fp32(3, P::fp32);
   const double before = memory_bytes(op_graph(ops), fp32, 0).total();
   ops[2].code_workspace_bytes[index_of(P::fp32)] = 30000;

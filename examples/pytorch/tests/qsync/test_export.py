@@ -56,6 +56,16 @@ if torch is not None:
             return Spiky.apply(x, self.fwd, self.bwd)
 
 
+def fake_cuda():
+    """torch.cuda's allocator statistics read from ALLOC (reset first)."""
+    ALLOC.__init__()
+    return mock.patch.multiple(torch.cuda, is_available=lambda: True,
+                               memory_allocated=lambda: ALLOC.now,
+                               max_memory_allocated=lambda: ALLOC.peak,
+                               reset_peak_memory_stats=ALLOC.reset,
+                               synchronize=lambda: None)
+
+
 @unittest.skipIf(torch is None, "needs torch")
 class RecordWorkspace(unittest.TestCase):
     def test_scratch_per_op_forward_or_backward(self):
@@ -68,12 +78,7 @@ class RecordWorkspace(unittest.TestCase):
         model.add_module("c", Op(0, 0))
         model.add_module("d", shared)
         x = torch.ones(4, requires_grad=True)
-        ALLOC.__init__()
-        with mock.patch.multiple(torch.cuda, is_available=lambda: True,
-                                 memory_allocated=lambda: ALLOC.now,
-                                 max_memory_allocated=lambda: ALLOC.peak,
-                                 reset_peak_memory_stats=ALLOC.reset,
-                                 synchronize=lambda: None):
+        with fake_cuda():
             got, code = ex.record_workspace(model, lambda: model(x).sum(), "fp32",
                                             device_type="cuda")
         self.assertEqual(got, {"a": 4000.0, "b": 300.0, "c": 0.0, "b#2": 300.0})
@@ -108,12 +113,7 @@ class RecordWorkspace(unittest.TestCase):
 
         model = Model()
         x = torch.ones(4, requires_grad=True)
-        ALLOC.__init__()
-        with mock.patch.multiple(torch.cuda, is_available=lambda: True,
-                                 memory_allocated=lambda: ALLOC.now,
-                                 max_memory_allocated=lambda: ALLOC.peak,
-                                 reset_peak_memory_stats=ALLOC.reset,
-                                 synchronize=lambda: None):
+        with fake_cuda():
             got, code = ex.record_workspace(model, lambda: Code.apply(model(x), 7000).sum(),
                                             "fp32", device_type="cuda")
         self.assertEqual(got, {"a": 20.0, "b": 40.0})
