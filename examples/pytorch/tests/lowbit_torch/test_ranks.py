@@ -147,6 +147,8 @@ def test_a_copied_second_stage_residual_continues_bit_identically(ext, group, fe
     """Two steps, then a fresh collective loaded with the first's worker, replicated and
     second-stage state takes the third step: the same bits as the first collective. The
     second stage alone left at zero gives other bits: that state is in the result."""
+    if feedback == "ef21" and lowbit_torch.backend_of() == "node":
+        pytest.skip("the node backend's extension compiles no ef21 (DDPState's docstring)")
     rank, n = dist.get_rank(), 128 * 64 * WORLD + 77
 
     def make():
