@@ -170,6 +170,20 @@ class Goal(unittest.TestCase):
         self.assertEqual(g["answer"], "yes")  # 80% kept, gap 0 <= half of +0.005
         self.assertIn("within its spread over the seeds", g["note"])
 
+    def test_an_fp8_predicted_no_faster_than_bf16_is_noted(self):
+        rows = self.rows({"bf16": [(100, "2.0", "+0.0")] * 2,
+                          "fp8": [(99.8, "2.1", "+0.1")] * 2,
+                          "alloc-fp8-80pct": [(100, "2.0", "+0.0")] * 2})
+        for r in rows:
+            r["predicted_ms"] = {"bf16": 103.0, "fp8": 104.0}.get(r["plan"], 103.0)
+        g = self.t.goal(self.t.summarize(rows)[("m", "8")])
+        self.assertEqual((g["answer"], g["why"]), ("no", "speed"))
+        self.assertIn("predicted uniform fp8 (104.00 ms) no faster than bf16 (103.00 ms)",
+                      g["note"])
+        for r in rows:
+            r["predicted_ms"] = {"bf16": 103.0, "fp8": 90.0}.get(r["plan"], 95.0)
+        self.assertEqual(self.t.goal(self.t.summarize(rows)[("m", "8")])["note"], "")
+
     def test_the_runner_prints_the_scripts_table(self):
         self.assertEqual(os.path.realpath(fq.TABLE_SCRIPT), os.path.realpath(SCRIPT))
         self.assertTrue(hasattr(fq.table_module(), "quality_table"))
