@@ -185,7 +185,8 @@ class applied_plan:
         if hooked:
             self.tracker = OpTracker(self.model, self._enter, self._exit,
                                      leaves=hooked | under, functions=bool(related),
-                                     scopes=scopes, on_iteration=self._reset)
+                                     scopes=scopes, on_iteration=self._reset,
+                                     recompute=self._recomputed)
             self.tracker.__enter__()
         return self
 
@@ -194,6 +195,25 @@ class applied_plan:
         self.kept.clear()
         self.kept_by_op.clear()
         self.pending.clear()
+
+    def _recomputed(self, module_name, ops):
+        """The op a recomputed call of `module_name` (activation checkpointing) runs as
+        where the tracker cannot tell which of its forward calls it repeats: any, if they
+        are applied alike (the same wrap, the same precision); else an error, never a
+        guess."""
+        def way(op):
+            p = self.wrapped.get(op)
+            return ("wrapped at " + p) if p else (
+                "in the step's context, %s" % self.resolved.get(op, self.ambient))
+
+        if len({way(op) for op in ops}) > 1:
+            raise RuntimeError(
+                "qsync apply_plan: %r is recomputed by activation checkpointing and called "
+                "%d times a step, applied differently (%s), and this recomputed call cannot "
+                "be matched to its forward call; give its calls one precision, or leave "
+                "the module out of checkpointing" % (
+                    module_name, len(ops), "; ".join("%s %s" % (op, way(op)) for op in ops)))
+        return ops[0]
 
     def _originals(self, x):
         """`x` with every tensor that is an op's cast to the ambient replaced by the op's
@@ -258,7 +278,7 @@ class applied_plan:
     def __exit__(self, *exc):
         if self.tracker is not None:
             self.tracker.__exit__(*exc)
-        for ctx in self.open.values():
+        for ctx in reversed(list(self.open.values())):  # innermost first
             ctx.__exit__(None, None, None)
         self.open.clear()
         for m, forward in self.patched:

@@ -15,6 +15,18 @@ An op is
   module that holds the parameter and counted with that module's calls. Its kind of
   call is ``"function"`` (a leaf's is ``"module"``): the model JSON says which.
 
+A call made while autograd runs a backward pass is activation checkpointing's
+recomputation of a forward region (``torch.utils.checkpoint``): it is no op of its own.
+Profiling leaves it inside the backward range around it (the recomputation is part of
+that backward's time and memory); the plan applier runs it as the forward call it
+repeats, at that op's precision, so the recomputed tensors are the ones the forward made.
+Which call that is: a module's only call; else, within one region's recomputation (one
+autograd node asks for it), the forward's next call after the last one matched; else the
+call whose input tensors are the very ones (the region's saved inputs); else the
+tracker's ``recompute`` decides. Reentrant checkpointing (``use_reentrant=True``) runs the
+region's forward with autograd off, so its ops are missing from the graph export reads
+their inputs and backward from: export refuses it by name (``reentrant_checkpoint``).
+
 Everything else (residual adds, attention's core in a module with children, the loss)
 is code between the ops; ``AtenCounter`` names its aten operators and counts their FLOPs,
 so that nothing is dropped silently: lowbit-plan prices it as the profile's tail.
@@ -29,6 +41,7 @@ the op's backward start and end whatever is later done to the outputs in place.
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -48,6 +61,35 @@ _NOT_OPS = {"__get__", "__set__", "size", "dim", "numel", "stride", "data_ptr", 
             "__setstate__", "__getstate__", "_typed_storage", "dtype", "device", "shape"}
 
 MAX_NODES = 4096  # an op's backward nodes walked at most
+
+
+def recomputing() -> bool:
+    """Whether autograd's engine is running a backward pass on this thread: a module
+    called now is recomputed by activation checkpointing, not called by the forward."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current is not None and current() != -1
+
+
+def reentrant_checkpoint() -> bool:
+    """Whether this call runs inside torch.utils.checkpoint's reentrant forward (autograd
+    off, the region's ops out of the graph that export follows)."""
+    if torch.is_grad_enabled():
+        return False
+    fn = getattr(getattr(torch.utils, "checkpoint", None), "CheckpointFunction", None)
+    code = getattr(getattr(fn, "forward", None), "__code__", None)
+    frame = sys._getframe(1)
+    while code is not None and frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _fingerprint(args) -> tuple:
+    """Where a call's input tensors live: a recomputed region's first call takes the
+    tensors its forward call took (checkpointing saves them), detached but in place."""
+    return tuple((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+                 for t in tensors(args)[:4])
 
 
 def leaf_modules(model: torch.nn.Module):
@@ -117,29 +159,78 @@ class OpTracker:
     calls are told apart). ``callers=True`` keeps ``caller()``: the innermost non-leaf
     module running, the one whose code calls a function op (its scope). Calls are
     counted per module and iteration (the root's forward starts one), so every user
-    names an op the same way."""
+    names an op the same way. ``recompute``: None, and a call made during a backward pass
+    (``recomputing()``) is no op (no ``enter``/``exit``); else such a call is the forward
+    call it repeats (the module docstring), and where that cannot be told,
+    ``recompute(name, forward_ops)`` names it among the module's calls in the forward."""
 
     def __init__(self, model: torch.nn.Module, enter: Callable, exit: Callable,
                  leaves: Optional[set] = None, functions: bool = True,
                  on_iteration: Optional[Callable[[], None]] = None,
-                 scopes: Optional[set] = None, callers: bool = False):
+                 scopes: Optional[set] = None, callers: bool = False,
+                 recompute: Optional[Callable[[str, List[str]], str]] = None):
         self.model, self.enter, self.exit = model, enter, exit
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
-        self.scopes, self.callers = scopes, callers
+        self.scopes, self.callers, self.recompute = scopes, callers, recompute
         self.count: Dict[int, int] = {}
+        self.forward_ops: Dict[int, List[str]] = {}  # id(module) -> its ops this iteration
+        # with recompute: the forward's calls in order, (id(module), op, _fingerprint),
+        # each op's place there, and the recomputation under way (its autograd node and
+        # the place of the next call it should make)
+        self.calls: List[tuple] = []
+        self.place: Dict[str, int] = {}
+        self.burst: Tuple[object, Optional[int]] = (None, None)
         self.active: Optional[str] = None
         self.owners = param_owners(model) if functions else {}
 
-    def next_name(self, module: torch.nn.Module, name: str) -> str:
+    def next_name(self, module: torch.nn.Module, name: str, args=()) -> Optional[str]:
+        """The op this call of `module` (with inputs `args`) is, or None for a recomputed
+        call that is none."""
+        if recomputing():
+            ops = self.forward_ops.get(id(module))
+            if self.recompute is None or not ops:
+                return None
+            return self._repeated(module, name, ops, args)
         k = self.count.get(id(module), 0)
         self.count[id(module)] = k + 1
-        return call_name(name, k)
+        op = call_name(name, k)
+        self.forward_ops.setdefault(id(module), []).append(op)
+        if self.recompute is not None:
+            self.place[op] = len(self.calls)
+            self.calls.append((id(module), op, _fingerprint(args)))
+        return op
+
+    def _repeated(self, module, name, ops, args) -> str:
+        """The forward call a recomputed call of `module` repeats (the module docstring)."""
+        current = getattr(torch._C, "_current_autograd_node", lambda: None)()
+        node, cursor = self.burst
+        if current is not node:  # another region's recomputation
+            cursor = None
+        if len(ops) == 1:
+            op = ops[0]
+        elif cursor is not None and cursor < len(self.calls) and \
+                self.calls[cursor][0] == id(module):
+            op = self.calls[cursor][1]
+        else:
+            fp = _fingerprint(args)
+            same = [o for o in ops if self.calls[self.place[o]][2] == fp]
+            if len(same) == 1:
+                op = same[0]
+            else:  # not told apart: what follows is not placed either
+                self.burst = (current, None)
+                return self.recompute(name, ops)
+        self.burst = (current, self.place[op] + 1)
+        return op
 
     def _new_iteration(self, *_):
         self.in_forward += 1
-        if self.in_forward > 1:  # the root called from within itself
+        if self.in_forward > 1 or recomputing():  # the root within itself, or recomputed
             return
         self.count.clear()
+        self.forward_ops.clear()
+        self.calls.clear()
+        self.place.clear()
+        self.burst = (None, None)
         self.active = None
         if self.on_iteration is not None:
             self.on_iteration()
@@ -203,15 +294,26 @@ class OpTracker:
         own = list(m.parameters(recurse=False))
 
         def pre(mod, args, kwargs):
+            # None on the stack: a call that is no op, or whose enter has not returned
+            stack.append(None)
             if self.active is not None:  # a leaf called inside another op: part of it
-                stack.append(None)
                 return None
-            op = self.next_name(mod, name)
+            op = self.next_name(mod, name, args)
+            if op is None:
+                return None
             self.active = op
-            stack.append(op)
-            return self.enter(op, mod, args, kwargs, own, None)
+            try:
+                new = self.enter(op, mod, args, kwargs, own, None)
+            except BaseException:
+                self.active = None
+                raise
+            stack[-1] = op
+            return new
 
         def post(mod, args, kwargs, out):
+            # also run when the forward raised (out is None then): a recomputation that
+            # activation checkpointing stops early, once it has the tensors it needs,
+            # ends an op that way, and its exit (an autocast context) must still run
             op = stack.pop() if stack else None
             if op is None:
                 return None
@@ -219,19 +321,27 @@ class OpTracker:
             return self.exit(op, args, kwargs, out)
 
         self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-        self.handles.append(m.register_forward_hook(post, with_kwargs=True))
+        self.handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     def run_function(self, func, args, kwargs, owner, params):
         name, module = owner
-        op = self.next_name(module, name)
+        op = self.next_name(module, name, args)
+        if op is None:
+            return func(*args, **kwargs)
         self.active = op
+        entered = False
         try:
             new = self.enter(op, module, args, kwargs, params, func)
+            entered = True
             if new is not None:
                 args, kwargs = new
             out = func(*args, **kwargs)
-        finally:
+        except BaseException:
             self.active = None
+            if entered:  # as a leaf's forward hook: the exit runs however the call ends
+                self.exit(op, args, kwargs, None)
+            raise
+        self.active = None
         new = self.exit(op, args, kwargs, out)
         return out if new is None else new
 
@@ -256,7 +366,8 @@ class _FunctionOps(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         t = self.tracker
-        if t.active is None and t.in_forward and getattr(func, "__name__", "") not in _NOT_OPS:
+        if (t.active is None and (t.in_forward or (t.recompute is not None and recomputing()))
+                and getattr(func, "__name__", "") not in _NOT_OPS):
             params, owner = [], None
             for x in tree_leaves((args, kwargs)):
                 if isinstance(x, torch.nn.Parameter) and id(x) in t.owners:

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .attribution import (AtenCounter, OpTracker, Span, aten_kind, backward_nodes, grad_fns,
-                          tensors)
+                          reentrant_checkpoint, tensors)
 from .qsync_model import kind_of
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -198,6 +198,13 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         return found, [n for n in dict.fromkeys(found) if n not in direct]
 
     def enter(op, module, args, kwargs, own, func):
+        if reentrant_checkpoint():
+            raise RuntimeError(
+                "qsync export: op %r runs under reentrant activation checkpointing "
+                "(torch.utils.checkpoint with use_reentrant=True), whose forward keeps the "
+                "region's ops out of autograd's graph, where export finds each op's inputs "
+                "and backward: checkpoint with use_reentrant=False (transformers' default)"
+                % op)
         counter.paused = True
         started[op] = _autograd_sequence_now()
         ins = tensors((args, kwargs))

@@ -4,7 +4,7 @@
 (``F.scaled_dot_product_attention``, ``nn.MultiheadAttention``'s fused in-projection, a
 non-leaf module's own parameter), a custom linear-like leaf (GPT-2's Conv1D, a
 transposed linear), shared and tied modules, a module called twice, buffers updated in
-forward, and dict and dataclass outputs. test_zoo.py runs the same checks on real
+forward, dict and dataclass outputs, and activation checkpointing. test_zoo.py runs the same checks on real
 library models."""
 
 import dataclasses
@@ -441,6 +441,112 @@ class AnyModule(unittest.TestCase):
         records, mj, trace = _export(m, lambda: m(x).sum())
         ranges = [e["name"] for e in _ranges(trace)]
         self.assertEqual(ranges.count("two.backward"), 1)
+        self.assertEqual(_overlaps(trace), [])
+
+
+if torch is not None:
+    class Checkpointed(nn.Module):
+        """Blocks under activation checkpointing (torch.utils.checkpoint), non-reentrant
+        or reentrant; ``shared`` calls one block in every region, or ``ckpt=False``, the
+        same model without it."""
+
+        def __init__(self, ckpt=True, reentrant=False, shared=False):
+            super().__init__()
+            self.ckpt, self.reentrant, self.shared = ckpt, reentrant, shared
+            self.inp = nn.Linear(8, 16)
+            n = 1 if shared else 3
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+                for _ in range(n))
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for i in range(3):
+                b = self.blocks[0 if self.shared else i]
+                if self.ckpt:
+                    h = h + torch.utils.checkpoint.checkpoint(b, h, use_reentrant=self.reentrant)
+                else:
+                    h = h + b(h)
+            return self.head(h)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class ActivationCheckpointing(unittest.TestCase):
+    """A recomputed region (torch.utils.checkpoint runs its forward again during
+    backward) runs each op at the plan's precision, as its forward call did: the
+    gradients equal those of the same model without checkpointing, bit for bit."""
+
+    def grads(self, model, plan, x):
+        torch.manual_seed(0)  # the same weights for every variant
+        fresh = type(model)(model.ckpt, model.reentrant, model.shared)
+        model.load_state_dict(fresh.state_dict())
+        step = lambda: model(x).square().mean()  # noqa: E731
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "ckpt")
+        model.zero_grad(set_to_none=True)
+        with applied_plan(model, plan, mj, device_type="cpu") as ap:
+            with ap.step_context():
+                loss = step()
+            loss.backward()
+        self.assertEqual(ap.kept, {})
+        self.assertFalse(torch.is_autocast_enabled("cpu"))
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    def test_recomputed_ops_run_at_their_planned_precision(self):
+        x = torch.randn(6, 8)
+        plan = {"default": "bf16", "ops": {"blocks.0.0": "fp32", "blocks.1.3": "fp32",
+                                           "blocks.2.2": "fp32"}}
+        ref = self.grads(Checkpointed(ckpt=False), plan, x)
+        uniform = self.grads(Checkpointed(ckpt=False), {"default": "bf16"}, x)
+        self.assertFalse(all(torch.equal(ref[n], uniform[n]) for n in ref))  # the plan matters
+        got = self.grads(Checkpointed(), plan, x)
+        for n in ref:
+            self.assertTrue(torch.equal(got[n], ref[n]), n)
+
+    def test_a_module_recomputed_in_several_regions(self):
+        # One block called in all three regions: each recomputed call is matched to its
+        # forward call (the region's saved input, then the forward's order), so its
+        # calls may be applied differently. Under the first plan the block's second
+        # linear is wrapped in its first call only (the model JSON gives the later calls
+        # no parameters of their own); under the second every call of it runs at fp32.
+        x = torch.randn(6, 8)
+        for ops in ({"blocks.0.0": "fp32"}, {"inp": "bf16", "blocks.0.0": "fp32",
+                                            "blocks.0.2": "fp32", "blocks.0.3": "fp32"}):
+            plan = {"default": "bf16", "ops": ops}
+            ref = self.grads(Checkpointed(ckpt=False, shared=True), plan, x)
+            got = self.grads(Checkpointed(shared=True), plan, x)
+            for n in ref:
+                self.assertTrue(torch.equal(got[n], ref[n]), (ops, n))
+
+    def test_a_call_that_cannot_be_matched_is_an_error_unless_all_run_alike(self):
+        model, x = Checkpointed(shared=True), torch.randn(6, 8)
+        step = lambda: model(x).square().mean()  # noqa: E731
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "ckpt")
+        calls = ["blocks.0.2", "blocks.0.2#2", "blocks.0.2#3"]
+        with applied_plan(model, {"default": "bf16", "ops": {"blocks.0.0": "fp32"}}, mj,
+                          device_type="cpu") as ap:
+            with self.assertRaisesRegex(RuntimeError, "'blocks.0.2' is recomputed by "
+                                        "activation checkpointing and called 3 times a "
+                                        "step, applied differently"):
+                ap._recomputed("blocks.0.2", calls)
+            self.assertEqual(ap._recomputed("blocks.0.3", ["blocks.0.3", "blocks.0.3#2"]),
+                             "blocks.0.3")
+
+    def test_reentrant_checkpointing_is_refused_by_name(self):
+        # its forward runs without autograd: export could not see the region's ops
+        model, x = Checkpointed(reentrant=True), torch.randn(6, 8)
+        with self.assertRaisesRegex(RuntimeError, "op 'blocks.0.0' runs under reentrant "
+                                    "activation checkpointing"):
+            ex.record_ops(model, lambda: model(x).square().mean(), "fp32", device_type="cpu")
+
+    def test_profiling_leaves_a_recomputation_in_its_backward_range(self):
+        # no op ranges of its own: its time is the backward's that needs it
+        model, x = Checkpointed(), torch.randn(6, 8)
+        records, mj, trace = _export(model, lambda: model(x).square().mean())
+        names = [e["name"] for e in _ranges(trace)]
+        ops = [o["name"] for o in mj["ops"]]
+        self.assertEqual(sorted(n for n in names if not n.endswith(".backward")), sorted(ops))
+        self.assertFalse(any("#" in n for n in names), names)
         self.assertEqual(_overlaps(trace), [])
 
 

@@ -9,7 +9,9 @@ size (two layers, 32 wide), without weights, batch 2, on the CPU.
 For each, qsync.model_check.check_model: every parameter counted once, by an op or as
 unused (a branch the step does not take), those without requires_grad as frozen; a
 uniform bf16 plan wrapping nothing; a mixed plan (two parameter ops kept at fp32 in a bf16
-step) training a step with finite gradients. Needs torch and transformers (skipped otherwise)."""
+step) training a step with finite gradients. With transformers' activation checkpointing,
+a mixed plan's gradients equal those without it. Needs torch and transformers (skipped
+otherwise)."""
 
 import unittest
 
@@ -147,6 +149,40 @@ class AnyTransformersModel(unittest.TestCase):
                 if name == "frozen-bert":  # the encoder's weights take no gradient
                     encoder = sum(p.numel() for p in model.bert.parameters())
                     self.assertEqual(sum(o.get("frozen_numel", 0) for o in mj["ops"]), encoder)
+
+    def test_activation_checkpointing_recomputes_at_the_plans_precisions(self):
+        # transformers' gradient_checkpointing_enable (non-reentrant): a mixed plan's
+        # gradients equal those of the same model without checkpointing, bit for bit
+        from qsync import export as ex
+        from qsync import qsync_model as qm
+        from qsync.apply_plan import applied_plan
+
+        for name, kind in (("llama", "causal"), ("gpt2", "causal"), ("bert", "classify"),
+                           ("bart", "seq2seq")):
+            with self.subTest(model=name):
+                grads = []
+                for checkpointed in (False, True):
+                    torch.manual_seed(0)
+                    model, step = _text_model(name, kind)
+                    model.train()
+                    if checkpointed:
+                        model.gradient_checkpointing_enable()
+                    mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"),
+                                       name)
+                    params = [o["name"] for o in mj["ops"] if o["param_numel"] > 0]
+                    plan = {"default": "bf16", "ops": {
+                        op: "fp32" for op in (params[1], params[len(params) // 2], params[-2])}}
+                    model.zero_grad(set_to_none=True)
+                    with applied_plan(model, plan, mj, device_type="cpu") as ap:
+                        with ap.step_context():
+                            loss = step()
+                        loss.backward()
+                    self.assertTrue(ap.wrapped)
+                    grads.append({n: p.grad for n, p in model.named_parameters()
+                                  if p.grad is not None})
+                self.assertEqual(grads[0].keys(), grads[1].keys())
+                for n in grads[0]:
+                    self.assertTrue(torch.equal(grads[0][n], grads[1][n]), n)
 
 
 if __name__ == "__main__":
