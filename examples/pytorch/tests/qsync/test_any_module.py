@@ -4,7 +4,8 @@
 (``F.scaled_dot_product_attention``, ``nn.MultiheadAttention``'s fused in-projection, a
 non-leaf module's own parameter), a custom linear-like leaf (GPT-2's Conv1D, a
 transposed linear), shared and tied modules, a module called twice, buffers updated in
-forward, dict and dataclass outputs, and activation checkpointing. test_zoo.py runs the same checks on real
+forward, dict and dataclass outputs, activation checkpointing, and torch's recurrent,
+transformer, parametrized, bag and 3-D layers through check_model. test_zoo.py runs the same checks on real
 library models."""
 
 import dataclasses
@@ -548,6 +549,67 @@ class ActivationCheckpointing(unittest.TestCase):
         self.assertEqual(sorted(n for n in names if not n.endswith(".backward")), sorted(ops))
         self.assertFalse(any("#" in n for n in names), names)
         self.assertEqual(_overlaps(trace), [])
+
+
+if torch is not None:
+    def _builtins():
+        """torch's own layers the other tests do not build: {name: (model, step)}."""
+        from torch.nn.utils import parametrizations as P
+
+        class RNN(nn.Module):
+            def __init__(self, cell):
+                super().__init__()
+                self.emb = nn.Embedding(40, 16)
+                self.rnn = cell(16, 24, num_layers=2, batch_first=True, bidirectional=True)
+                self.head = nn.Linear(48, 40)
+
+            def forward(self, x):
+                return self.head(self.rnn(self.emb(x))[0])
+
+        class Bag(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bag, self.act, self.fc = nn.EmbeddingBag(30, 16), nn.PReLU(), nn.Linear(16, 2)
+
+            def forward(self, x, offsets):
+                return self.fc(self.act(self.bag(x, offsets)))
+
+        ids = torch.randint(0, 40, (3, 7))
+        lm = lambda m: lambda: F.cross_entropy(m(ids).flatten(0, 1), ids.flatten())  # noqa: E731
+        out = {}
+        for cell in (nn.LSTM, nn.GRU):
+            m = RNN(cell)
+            out[cell.__name__] = (m, lm(m))
+        t = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                           dim_feedforward=32, batch_first=True)
+        src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+        out["Transformer"] = (t, lambda: t(src, tgt).square().mean())
+        norm = nn.Sequential(P.weight_norm(nn.Linear(8, 16)), nn.ReLU(),
+                             P.spectral_norm(nn.Linear(16, 2)))
+        x8 = torch.randn(4, 8)
+        out["parametrizations"] = (norm, lambda: norm(x8).square().mean())
+        bag, flat, offsets = Bag(), torch.randint(0, 30, (9,)), torch.tensor([0, 4])
+        out["EmbeddingBag"] = (bag, lambda: bag(flat, offsets).square().mean())
+        vol = nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.BatchNorm3d(4), nn.ReLU(),
+                            nn.ConvTranspose3d(4, 2, 2, stride=2), nn.GroupNorm(1, 2),
+                            nn.Flatten(2), nn.Conv1d(2, 3, 3), nn.AdaptiveAvgPool1d(1))
+        v = torch.randn(2, 2, 3, 3, 3)
+        out["conv3d"] = (vol, lambda: vol(v).square().mean())
+        seq = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4)])
+        out["checkpoint_sequential"] = (seq, lambda: torch.utils.checkpoint.checkpoint_sequential(
+            seq, 2, x8, use_reentrant=False).square().mean())
+        return out
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class TorchBuiltins(unittest.TestCase):
+    def test_check_model_on_torchs_own_layers(self):
+        from qsync.model_check import check_model
+
+        torch.manual_seed(0)
+        for name, (model, step) in _builtins().items():
+            with self.subTest(model=name):
+                check_model(model.train(), step, name)
 
 
 if __name__ == "__main__":
