@@ -88,8 +88,12 @@ def reentrant_checkpoint() -> bool:
 def _fingerprint(args) -> tuple:
     """Where a call's input tensors live: a recomputed region's first call takes the
     tensors its forward call took (checkpointing saves them), detached but in place."""
-    return tuple((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-                 for t in tensors(args)[:4])
+    def where(t):
+        try:
+            return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
+        except (RuntimeError, NotImplementedError):  # no storage (sparse, nested)
+            return id(t), tuple(t.shape)
+    return tuple(where(t) for t in tensors(args)[:4])
 
 
 def leaf_modules(model: torch.nn.Module):
