@@ -22,7 +22,7 @@ that backward's time and memory); the plan applier runs it as the forward call i
 repeats, at that op's precision, so the recomputed tensors are the ones the forward made.
 Which call that is: a module's only call; else, within one region's recomputation (one
 autograd node asks for it), the forward's next call after the last one matched; else the
-call whose input tensors are the very ones (the region's saved inputs); else the
+call whose first input tensor is the very one (the region's saved input); else the
 tracker's ``recompute`` decides. Reentrant checkpointing (``use_reentrant=True``) runs the
 region's forward with autograd off, so its ops are missing from the graph export reads
 their inputs and backward from: export refuses it by name (``reentrant_checkpoint``).
@@ -86,14 +86,16 @@ def reentrant_checkpoint() -> bool:
 
 
 def _fingerprint(args) -> tuple:
-    """Where a call's input tensors live: a recomputed region's first call takes the
-    tensors its forward call took (checkpointing saves them), detached but in place."""
-    def where(t):
-        try:
-            return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)
-        except (RuntimeError, NotImplementedError):  # no storage (sparse, nested)
-            return id(t), tuple(t.shape)
-    return tuple(where(t) for t in tensors(args)[:4])
+    """Where a call's first input tensor lives: a recomputed region's first call takes
+    the tensor its forward call took (checkpointing saves it), detached but in place.
+    Taken on every call the applier hooks, so kept to one tensor's address and shape."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            try:
+                return a.data_ptr(), a.shape
+            except (RuntimeError, NotImplementedError):  # no storage (sparse, nested)
+                return id(a), a.shape
+    return ()
 
 
 def leaf_modules(model: torch.nn.Module):
