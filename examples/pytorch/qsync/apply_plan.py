@@ -66,17 +66,20 @@ from .qsync_model import (ambient_precision, consumer_counts, module_of, ops_to_
                          plan_precisions, resolve_precisions)
 
 
+def _cast_one(t, dtype):
+    return t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t
+
+
 def _cast(x, dtype):
     """Floating tensors in `x` (nested in tuples, lists, dicts, dataclasses) at `dtype`."""
-    return map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype
-                       else t)
+    return map_tensors(x, lambda t: _cast_one(t, dtype))
 
 
 def _cast_keeping(x, dtype, pairs):
     """`x` with its floating tensors cast to `dtype`; appends (cast, original) to
     `pairs` for every tensor the cast changed."""
     def one(t):
-        y = _cast(t, dtype)
+        y = _cast_one(t, dtype)
         if y is not t:
             pairs.append((y, t))
         return y

@@ -121,6 +121,10 @@ def map_tensors(x, fn):
     named tuples, lists, dicts and their subclasses such as ModelOutput, dataclasses)."""
     if isinstance(x, torch.Tensor):
         return fn(x)
+    if type(x) is tuple:  # a call's positional arguments: once per hooked call
+        return tuple(fn(y) if isinstance(y, torch.Tensor) else map_tensors(y, fn) for y in x)
+    if type(x) is dict and not x:  # its keyword arguments, mostly none
+        return x
     if isinstance(x, tuple):
         items = [map_tensors(y, fn) for y in x]
         return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
