@@ -39,7 +39,7 @@ def _segmentation(name):
 
 def _video(name):
     model = torchvision.models.get_model(name, weights=None, num_classes=4)
-    x, y = torch.randn(2, 3, 8, 64, 64), torch.randint(0, 4, (2,))
+    x, y = torch.randn(2, 3, 4, 32, 32), torch.randint(0, 4, (2,))
     return model, lambda: F.cross_entropy(model(x), y)
 
 
@@ -54,13 +54,25 @@ CASES = {"fasterrcnn_mobilenet_v3_large_320_fpn": _detection,
          "lraspp_mobilenet_v3_large": _segmentation, "r3d_18": _video, "raft_small": _flow}
 
 
+def _cpu_kernels(name):
+    """oneDNN off for the 3-D convolutions: its bf16 weight gradient of R3D-18's
+    convolutions on this CPU (torch 2.11) comes back with a block of non-finite values
+    now and then (another layer each time, after other tests ran in the process: in two
+    of three runs after test_timm_any_model; in none of five with oneDNN off), which
+    check_model rightly reports; torch's own kernels are used, on a smaller clip."""
+    import contextlib
+
+    return torch.backends.mkldnn.flags(enabled=False) if name == "r3d_18" else \
+        contextlib.nullcontext()
+
+
 @unittest.skipIf(torch is None, "needs torch and torchvision")
 class AnyTorchvisionModel(unittest.TestCase):
     def test_detection_segmentation_video_and_flow(self):
         from qsync.model_check import check_model
 
         for name, build in CASES.items():
-            with self.subTest(model=name):
+            with self.subTest(model=name), _cpu_kernels(name):
                 torch.manual_seed(0)
                 model, step = build(name)
                 check_model(model.train(), step, name)
