@@ -183,10 +183,10 @@ class OpTracker:
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
         self.scopes, self.callers, self.recompute = scopes, callers, recompute
         self.count: Dict[int, int] = {}
-        self.forward_ops: Dict[int, List[str]] = {}  # id(module) -> its ops this iteration
-        # with recompute: the forward's calls in order, (id(module), op, _fingerprint),
-        # each op's place there, and the recomputation under way (its autograd node and
-        # the place of the next call it should make)
+        # with recompute: each module's ops this iteration, the forward's calls in order,
+        # (id(module), op, _fingerprint), each op's place there, and the recomputation
+        # under way (its autograd node and the place of the next call it should make)
+        self.forward_ops: Dict[int, List[str]] = {}
         self.calls: List[tuple] = []
         self.place: Dict[str, int] = {}
         self.burst: Tuple[object, Optional[int]] = (None, None)
@@ -204,8 +204,8 @@ class OpTracker:
         k = self.count.get(id(module), 0)
         self.count[id(module)] = k + 1
         op = call_name(name, k)
-        self.forward_ops.setdefault(id(module), []).append(op)
         if self.recompute is not None:
+            self.forward_ops.setdefault(id(module), []).append(op)
             self.place[op] = len(self.calls)
             self.calls.append((id(module), op, _fingerprint(args)))
         return op

@@ -45,6 +45,18 @@ def _counted(model: torch.nn.Module, model_json: dict) -> None:
         raise ModelCheckError("no op holds a parameter: nothing for a plan to decide")
 
 
+def step_under_plan(model: torch.nn.Module, plan: dict, model_json: dict,
+                    forward_loss: Callable[[], torch.Tensor], device_type: str = "cpu"):
+    """One training step's forward (in the plan's step context) and backward with `plan`
+    applied, gradients set afresh: (the applied plan, left; the loss)."""
+    model.zero_grad(set_to_none=True)
+    with applied_plan(model, plan, model_json, device_type=device_type) as ap:
+        with ap.step_context():
+            loss = forward_loss()
+        loss.backward()
+    return ap, loss
+
+
 def check_model(model: torch.nn.Module, forward_loss: Callable[[], torch.Tensor],
                 name: str = "model", device_type: str = "cpu",
                 fp8_device: Optional[str] = None) -> dict:
@@ -67,11 +79,7 @@ def check_model(model: torch.nn.Module, forward_loss: Callable[[], torch.Tensor]
         plans.append(("fp8", {"default": "fp8"}, fp8_device))
     for label, plan, device in plans:
         try:
-            model.to(device).zero_grad(set_to_none=True)
-            with applied_plan(model, plan, model_json, device_type=device) as ap:
-                with ap.step_context():
-                    loss = forward_loss()
-                loss.backward()
+            ap, loss = step_under_plan(model.to(device), plan, model_json, forward_loss, device)
         except Exception as e:  # noqa: BLE001
             raise ModelCheckError("%s: the %s plan failed: %s: %s"
                                   % (name, label, type(e).__name__, e)) from e

@@ -23,6 +23,7 @@ if torch is not None:
     from qsync import export as ex
     from qsync import qsync_model as qm
     from qsync.apply_plan import applied_plan
+    from qsync.model_check import step_under_plan
 
     class Conv1D(nn.Module):
         """transformers' Conv1D: a linear with its weight transposed, via addmm."""
@@ -179,11 +180,7 @@ def run_mixed_plans(test, model, step, model_json):
     for first, second in (("fp32", "bf16"), ("bf16", "fp32")):
         plan = {"default": "fp32", "ops": {n: (first if k % 2 else second)
                                            for k, n in enumerate(params)}}
-        model.zero_grad(set_to_none=True)
-        with applied_plan(model, plan, model_json, device_type="cpu") as ap:
-            with ap.step_context():
-                loss = step()
-            loss.backward()
+        ap, loss = step_under_plan(model, plan, model_json, step)
         test.assertTrue(ap.wrapped)
         wrapped.update(ap.wrapped)
         test.assertTrue(torch.isfinite(loss).item())
@@ -484,11 +481,7 @@ class ActivationCheckpointing(unittest.TestCase):
         model.load_state_dict(fresh.state_dict())
         step = lambda: model(x).square().mean()  # noqa: E731
         mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "ckpt")
-        model.zero_grad(set_to_none=True)
-        with applied_plan(model, plan, mj, device_type="cpu") as ap:
-            with ap.step_context():
-                loss = step()
-            loss.backward()
+        step_under_plan(model, plan, mj, step)
         self.assertFalse(torch.is_autocast_enabled("cpu"))  # every context left
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 

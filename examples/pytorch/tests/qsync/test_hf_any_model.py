@@ -155,7 +155,7 @@ class AnyTransformersModel(unittest.TestCase):
         # gradients equal those of the same model without checkpointing, bit for bit
         from qsync import export as ex
         from qsync import qsync_model as qm
-        from qsync.apply_plan import applied_plan
+        from qsync.model_check import step_under_plan
 
         for name, kind in (("llama", "causal"), ("gpt2", "causal"), ("bert", "classify"),
                            ("bart", "seq2seq")):
@@ -172,11 +172,7 @@ class AnyTransformersModel(unittest.TestCase):
                     params = [o["name"] for o in mj["ops"] if o["param_numel"] > 0]
                     plan = {"default": "bf16", "ops": {
                         op: "fp32" for op in (params[1], params[len(params) // 2], params[-2])}}
-                    model.zero_grad(set_to_none=True)
-                    with applied_plan(model, plan, mj, device_type="cpu") as ap:
-                        with ap.step_context():
-                            loss = step()
-                        loss.backward()
+                    ap, _ = step_under_plan(model, plan, mj, step)
                     self.assertTrue(ap.wrapped)
                     grads.append({n: p.grad for n, p in model.named_parameters()
                                   if p.grad is not None})
