@@ -725,7 +725,8 @@ def parse_args(argv=None):
     ap.add_argument("--batch", default="", help="per-model batch, e.g. hf-llama=32,hf-gpt2=16")
     ap.add_argument("--steps", type=int, default=0, help="training steps per run (200; "
                                                          "smoke: 8)")
-    ap.add_argument("--seeds", default="", help="seed count, or a comma list (3; smoke: 2)")
+    ap.add_argument("--seeds", default="", help="seed count, or a comma list of seeds (one "
+                    "seed: '2,') (3; smoke: 2)")
     ap.add_argument("--last-k", type=int, default=0,
                     help="final loss: mean of the last K steps' losses (20; smoke: 2)")
     ap.add_argument("--time-warmup", type=int, default=0,
@@ -757,7 +758,7 @@ def parse_args(argv=None):
     seeds = a.seeds or ("2" if s else "3")
     try:
         a.seeds = list(range(int(seeds))) if "," not in seeds else [int(x) for x in
-                                                                    seeds.split(",")]
+                                                                    seeds.split(",") if x]
         a.targets = [float(x) for x in a.targets.split(",") if x]
         a.batch = {k: int(b) for k, b in (x.split("=") for x in a.batch.split(",") if x)}
         k, n = (int(x) for x in a.part.split("/"))

@@ -198,8 +198,10 @@ class Arguments(unittest.TestCase):
                                                                           [80.0]))
         a = fq.parse_args(["--out", "x", "--seeds", "3,5", "--batch", "hf-gpt2=16"])
         self.assertEqual((a.seeds, a.batch), ([3, 5], {"hf-gpt2": 16}))
+        self.assertEqual(fq.parse_args(["--out", "x", "--seeds", "2,"]).seeds, [2])
         for bad in (["--models", "nope"], ["--part", "3/2"], ["--fp8-standin"],
-                    ["--last-k", "300"], ["--targets", "120"], ["--batch", "x"]):
+                    ["--last-k", "300"], ["--targets", "120"], ["--batch", "x"],
+                    ["--seeds", ","]):
             with self.assertRaises(SystemExit, msg=bad):
                 fq.parse_args(["--out", "x"] + bad)
 
