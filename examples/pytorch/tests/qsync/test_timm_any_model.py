@@ -1,7 +1,8 @@
 """export and apply_plan on architectures the planner was not built around: timm models of
 every family that timm has (residual, depthwise and re-parameterised CNNs, ConvNeXt,
 ViTs with and without class tokens, windowed, pooling, mixer, hybrid and cross-scale
-transformers), built without weights at their default input size, batch 2, on the CPU.
+transformers, an LSTM-mixing sequencer, nested, hierarchical-masked, halo-attention,
+outlooker and rotary ViTs), built without weights at their default input size, batch 2, on the CPU.
 For each, qsync.model_check.check_model: every parameter counted once, a uniform plan
 wrapping nothing, a mixed plan (two parameter ops kept at fp32 in a bf16 step) training a
 step with finite gradients, and where fp8 GEMMs run here, a plan whose default is fp8 too: on a GPU where there is one (its token
@@ -24,7 +25,9 @@ MODELS = ("resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "deit_t
           "nfnet_f0", "cait_xxs24_224", "crossvit_tiny_240", "maxvit_nano_rw_256",
           "edgenext_xx_small", "efficientformer_l1", "eva02_tiny_patch14_224", "fastvit_t8",
           "repvgg_a0", "hrnet_w18_small", "xcit_nano_12_p16_224", "pit_ti_224",
-          "visformer_tiny", "twins_svt_small", "gcvit_xxtiny")
+          "visformer_tiny", "twins_svt_small", "gcvit_xxtiny", "sequencer2d_s",
+          "tnt_s_patch16_224", "hiera_tiny_224", "halonet26t", "volo_d1_224",
+          "vit_small_patch16_rope_224")
 
 
 @unittest.skipIf(timm is None, "needs torch and timm")
