@@ -40,9 +40,21 @@ CLASSIFY = ("bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", 
 SEQ2SEQ = ("mt5", "bart", "mbart", "pegasus", "marian", "led", "umt5", "m2m_100")
 
 
+AUTO = {"causal": "AutoModelForCausalLM", "classify": "AutoModelForSequenceClassification",
+        "seq2seq": "AutoModelForSeq2SeqLM"}
+
+
+def _text_step(model, kind):
+    """The model with a step on a fixed batch of token ids: next tokens, a class, or the
+    ids shifted by one as the target sequence."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, 100, (2, 16), generator=g)
+    labels = {"causal": ids, "classify": torch.randint(0, 2, (2,), generator=g),
+              "seq2seq": torch.roll(ids, 1, 1)}[kind]
+    return model, lambda: model(input_ids=ids, labels=labels).loss
+
+
 def _text_model(model_type, kind):
-    auto = {"causal": T.AutoModelForCausalLM, "classify": T.AutoModelForSequenceClassification,
-            "seq2seq": T.AutoModelForSeq2SeqLM}[kind]
     config = T.AutoConfig.for_model(model_type, **SMALL)
     for k, v in list(ALIASES.items()) + list(SMALL.items()):
         if hasattr(config, k):
@@ -50,12 +62,7 @@ def _text_model(model_type, kind):
                 setattr(config, k, v)
             except AttributeError:  # a property derived from the others (Falcon's head_dim)
                 pass
-    model = auto.from_config(config)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, 100, (2, 16), generator=g)
-    labels = {"causal": ids, "classify": torch.randint(0, 2, (2,), generator=g),
-              "seq2seq": torch.roll(ids, 1, 1)}[kind]
-    return model, lambda: model(input_ids=ids, labels=labels).loss
+    return _text_step(getattr(T, AUTO[kind]).from_config(config), kind)
 
 
 def _image(config_class, model_class, side=32, **kw):
@@ -106,39 +113,32 @@ def _frozen_bert():
     return model, step
 
 
-def _configured(auto, config_class, kind, **kw):
+def _configured(config_class, kind, **kw):
     """A text model whose sizes need settings of their own (the generic ones above break
     it: rotary widths, expert counts, MLA ranks, block layouts)."""
-    def build():
-        model = getattr(T, auto).from_config(getattr(T, config_class)(**kw))
-        g = torch.Generator().manual_seed(1)
-        ids = torch.randint(2, 100, (2, 16), generator=g)
-        labels = {"causal": ids, "classify": torch.randint(0, 2, (2,), generator=g),
-                  "seq2seq": torch.roll(ids, 1, 1)}[kind]
-        return model, lambda: model(input_ids=ids, labels=labels).loss
-    return build
+    return lambda: _text_step(getattr(T, AUTO[kind]).from_config(getattr(T, config_class)(**kw)),
+                              kind)
 
 
-_LM, _S2S, _CLS = "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForSequenceClassification"
 CONFIGURED = {
     # relative position buckets, tied input/output embeddings
-    "t5": _configured(_S2S, "T5Config", "seq2seq", vocab_size=128, d_model=32, d_kv=8, d_ff=64,
+    "t5": _configured("T5Config", "seq2seq", vocab_size=128, d_model=32, d_kv=8, d_ff=64,
                       num_layers=2, num_decoder_layers=2, num_heads=4, decoder_start_token_id=0,
                       pad_token_id=0),
     # partial rotary embedding
-    "gptj": _configured(_LM, "GPTJConfig", "causal", vocab_size=128, n_embd=32, n_layer=2,
+    "gptj": _configured("GPTJConfig", "causal", vocab_size=128, n_embd=32, n_layer=2,
                         n_head=4, rotary_dim=8, n_positions=64),
     # alternating global and local attention
-    "gpt_neo": _configured(_LM, "GPTNeoConfig", "causal", vocab_size=128, hidden_size=32,
+    "gpt_neo": _configured("GPTNeoConfig", "causal", vocab_size=128, hidden_size=32,
                            num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
                            window_size=8, max_position_embeddings=64),
     # top-k routed experts
-    "qwen3_moe": _configured(_LM, "Qwen3MoeConfig", "causal", vocab_size=128, hidden_size=32,
+    "qwen3_moe": _configured("Qwen3MoeConfig", "causal", vocab_size=128, hidden_size=32,
                              intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                              num_experts=4, num_experts_per_tok=2, max_position_embeddings=64),
     # low-rank (MLA) attention, a dense first layer, grouped expert routing
-    "deepseek_v3": _configured(_LM, "DeepseekV3Config", "causal", vocab_size=128, hidden_size=32,
+    "deepseek_v3": _configured("DeepseekV3Config", "causal", vocab_size=128, hidden_size=32,
                                intermediate_size=64, moe_intermediate_size=32,
                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                                n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -146,26 +146,26 @@ CONFIGURED = {
                                qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=1,
                                max_position_embeddings=64),
     # two-stream relative attention
-    "xlnet": _configured(_CLS, "XLNetConfig", "classify", num_labels=2, vocab_size=128,
+    "xlnet": _configured("XLNetConfig", "classify", num_labels=2, vocab_size=128,
                          d_model=32, n_layer=2, n_head=4, d_inner=64),
     # pooling between blocks
-    "funnel": _configured(_CLS, "FunnelConfig", "classify", num_labels=2, vocab_size=128,
+    "funnel": _configured("FunnelConfig", "classify", num_labels=2, vocab_size=128,
                           d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1]),
     # n-gram streams in the decoder
-    "prophetnet": _configured(_S2S, "ProphetNetConfig", "seq2seq", vocab_size=128, hidden_size=32,
+    "prophetnet": _configured("ProphetNetConfig", "seq2seq", vocab_size=128, hidden_size=32,
                               encoder_ffn_dim=64, decoder_ffn_dim=64, num_encoder_layers=2,
                               num_decoder_layers=2, num_encoder_attention_heads=4,
                               num_decoder_attention_heads=4, ngram=2, decoder_start_token_id=0,
                               pad_token_id=0),
     # reversible layers: the backward recomputes each layer's forward itself
-    "reformer": _configured(_LM, "ReformerConfig", "causal", vocab_size=128, hidden_size=32,
+    "reformer": _configured("ReformerConfig", "causal", vocab_size=128, hidden_size=32,
                             attention_head_size=8, num_attention_heads=4, feed_forward_size=64,
                             attn_layers=["local", "lsh"], axial_pos_shape=[4, 4],
                             axial_pos_embds_dim=[16, 16], is_decoder=True,
                             max_position_embeddings=16, local_attn_chunk_length=4,
                             lsh_attn_chunk_length=4, num_buckets=2, num_hashes=1),
     # state-space blocks (the torch path: no fused kernel on the CPU)
-    "mamba2": _configured(_LM, "Mamba2Config", "causal", vocab_size=128, hidden_size=32,
+    "mamba2": _configured("Mamba2Config", "causal", vocab_size=128, hidden_size=32,
                           num_hidden_layers=2, num_heads=8, head_dim=8, expand=2, n_groups=1,
                           state_size=16, chunk_size=8),
 }

@@ -2,7 +2,8 @@
 every family that timm has (residual, depthwise and re-parameterised CNNs, ConvNeXt,
 ViTs with and without class tokens, windowed, pooling, mixer, hybrid and cross-scale
 transformers, an LSTM-mixing sequencer, nested, hierarchical-masked, halo-attention,
-outlooker and rotary ViTs), built without weights at their default input size, batch 2, on the CPU.
+outlooker and rotary ViTs), built without weights at their default input size, batch 2, on
+the CPU.
 For each, qsync.model_check.check_model: every parameter counted once, a uniform plan
 wrapping nothing, a mixed plan (two parameter ops kept at fp32 in a bf16 step) training a
 step with finite gradients, and where fp8 GEMMs run here, a plan whose default is fp8 too: on a GPU where there is one (its token

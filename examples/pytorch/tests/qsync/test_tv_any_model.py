@@ -11,6 +11,7 @@ in a bf16 step) training one step with finite gradients, the boxes reaching the 
 given. Needs torch and
 torchvision (skipped otherwise)."""
 
+import contextlib
 import unittest
 
 try:
@@ -60,8 +61,6 @@ def _cpu_kernels(name):
     now and then (another layer each time, after other tests ran in the process: in two
     of three runs after test_timm_any_model; in none of five with oneDNN off), which
     check_model rightly reports; torch's own kernels are used, on a smaller clip."""
-    import contextlib
-
     return torch.backends.mkldnn.flags(enabled=False) if name == "r3d_18" else \
         contextlib.nullcontext()
 
