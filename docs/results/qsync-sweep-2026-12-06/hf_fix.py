@@ -1,6 +1,7 @@
 import sys, time, torch
 import transformers as T
-sys.path.insert(0, "/work/main/examples/pytorch")
+ROOT = __import__("os").path.abspath(__file__ + "/../../../..")  # the repository
+sys.path.insert(0, ROOT + "/examples/pytorch")
 from qsync.model_check import check_model
 g = torch.Generator().manual_seed(1)
 ids = torch.randint(2, 100, (2, 16), generator=g)

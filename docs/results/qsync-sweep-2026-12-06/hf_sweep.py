@@ -1,6 +1,7 @@
 import sys, time, torch
-sys.path.insert(0, "/work/main/examples/pytorch")
-sys.path.insert(0, "/work/main/examples/pytorch/tests/qsync")
+ROOT = __import__("os").path.abspath(__file__ + "/../../../..")  # the repository
+sys.path.insert(0, ROOT + "/examples/pytorch")
+sys.path.insert(0, ROOT + "/examples/pytorch/tests/qsync")
 import test_hf_any_model as H
 from qsync.model_check import check_model
 for spec in sys.argv[1:]:

@@ -1,5 +1,6 @@
 import sys, time, traceback, torch, timm, torch.nn.functional as F
-sys.path.insert(0, "/work/main/examples/pytorch")
+ROOT = __import__("os").path.abspath(__file__ + "/../../../..")  # the repository
+sys.path.insert(0, ROOT + "/examples/pytorch")
 from qsync.model_check import check_model
 names = sys.argv[1:]
 for name in names:

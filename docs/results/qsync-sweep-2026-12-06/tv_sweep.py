@@ -1,6 +1,7 @@
 import sys, time, torch, torchvision
 import torch.nn.functional as F
-sys.path.insert(0, "/work/main/examples/pytorch")
+ROOT = __import__("os").path.abspath(__file__ + "/../../../..")  # the repository
+sys.path.insert(0, ROOT + "/examples/pytorch")
 from qsync.model_check import check_model
 from torchvision import models as M
 def cls(fn, side=64, **kw):
