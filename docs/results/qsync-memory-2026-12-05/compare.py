@@ -2,7 +2,7 @@
 import csv, json, subprocess, sys, os
 old_bin, new_bin, out_csv = sys.argv[1], sys.argv[2], sys.argv[3]
 cases = [a.split(":") for a in sys.argv[4:]]  # model:batch
-rows = {(r['model'], r['batch'], r['plan']): r for r in csv.DictReader(open('docs/qsync/zoo-h200-2026-12-03.csv'))}
+rows = {(r['model'], r['batch'], r['plan']): r for r in csv.DictReader(open('docs/results/qsync-memory-2026-12-05/zoo-h200-2026-12-03.csv'))}
 def pred(binary, model, plan):
     subprocess.run([binary, "--model", model, "--cluster", "/tmp/memchk/cluster.json", "--plan", "/tmp/memchk/plan-%s.json" % plan, "--json", "/tmp/memchk/o.json"], capture_output=True, check=True)
     return json.load(open("/tmp/memchk/o.json"))["plans"][0]["groups"][0]["memory_gib"]
