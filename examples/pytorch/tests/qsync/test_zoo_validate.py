@@ -146,6 +146,23 @@ class ZooTable(unittest.TestCase):
         self.assertIn("Worst time: fixture-net batch 64 bf16, +11.1%.", text)
         self.assertIn("fixture-broken batch 8: failed (export): RuntimeError: fixture", text)
         self.assertTrue(text.startswith("before\n") and text.endswith("after\n"))
+        self.assertNotIn("By card", text)  # one card: its count is the total
+
+    def test_a_run_over_two_cards_counts_each(self):
+        with open(FIXTURE) as f:
+            rows = list(csv.DictReader(f))
+        rows[1]["hardware"] = "Second fixture GPU"  # the gpu bf16 row, a time miss
+        with tempfile.TemporaryDirectory() as d:
+            write_csv(os.path.join(d, "zoo.csv"), list(rows[0]), rows)
+            doc = os.path.join(d, "doc.md")
+            with open(doc, "w") as f:
+                f.write("<!-- zoo-table: zoo.csv -->\n<!-- end zoo-table -->\n")
+            self.assertEqual(self.run_script(doc).returncode, 0)
+            with open(doc) as f:
+                text = f.read()
+        self.assertIn("By card: Second fixture GPU: time within target on 0 of 1 rows; "
+                      "hand-made fixture (not a measurement): time within target on 2 of 2 "
+                      "rows.", text)
 
     def test_a_missing_column_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
