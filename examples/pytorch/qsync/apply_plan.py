@@ -44,7 +44,9 @@ modules only, and, when the plan wraps an op that is a torch function taking a
 parameter (``"call": "function"`` in the model JSON: nn.MultiheadAttention's fused
 attention, a layer scale), a torch function mode that wraps those calls while the
 forward of the module that calls them (``"caller"``) runs, with hooks on the leaves
-under it then, so that the calls are told apart and counted as recorded. Outputs keep
+under it then, so that the calls are told apart and counted as recorded; the mode rests
+while a module under it whose code calls no function op runs (a ViT's blocks, when the
+function op is its position embedding). Outputs keep
 their containers' types (tuples, named tuples, dicts, ModelOutputs, dataclasses).
 """
 
@@ -55,7 +57,7 @@ from typing import Dict
 import torch
 
 from . import fp8
-from .attribution import OpTracker, leaf_modules, map_tensors
+from .attribution import OpTracker, leaf_modules, map_tensors, quiet_modules
 from .export import DTYPES as _AUTOCAST_DTYPES
 from .export import precision_context
 
@@ -179,17 +181,27 @@ class applied_plan:
         # Where a wrapped op's module also has function ops (attribution), a torch
         # function mode runs while their callers' forwards run, with hooks on the leaves
         # under those callers, so that the calls are told apart and counted as recorded.
+        # The mode rests in the modules under those callers that call no function op
+        # (quiet_modules): a ViT's position embedding is a function op of the root's
+        # own code, and without the rest every torch call of every block would pay the
+        # mode's Python check, host time no profile holds.
         hooked = {module_of(op) for op in self.wrapped}
         related = [o for o in self.model_json_ops
                    if o.get("call") == "function" and module_of(o["name"]) in hooked]
         scopes = {o.get("caller", "") for o in related}
-        under = {n for n, _ in leaf_modules(self.model)
-                 if any(s == "" or n.startswith(s + ".") for s in scopes)}
+        quiet = quiet_modules(self.model, scopes, {
+            o.get("caller", "") for o in self.model_json_ops if o.get("call") == "function"})
+
+        def heard(n):  # under a scope, and not in a quiet module
+            return any(s == "" or n.startswith(s + ".") for s in scopes) and \
+                not any(n == q or n.startswith(q + ".") for q in quiet)
+
+        under = {n for n, _ in leaf_modules(self.model) if heard(n)}
         if hooked:
             self.tracker = OpTracker(self.model, self._enter, self._exit,
                                      leaves=hooked | under, functions=bool(related),
-                                     scopes=scopes, on_iteration=self._reset,
-                                     recompute=self._recomputed)
+                                     scopes=scopes, quiet=quiet if related else None,
+                                     on_iteration=self._reset, recompute=self._recomputed)
             self.tracker.__enter__()
         return self
 

@@ -103,6 +103,33 @@ def leaf_modules(model: torch.nn.Module):
     return [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
 
 
+def quiet_modules(model: torch.nn.Module, scopes: set, callers: set) -> set:
+    """The largest modules under the ``scopes`` (module names) whose code, their
+    children's included, calls no function op: no name in ``callers`` (the modules that
+    call one, export's ``"caller"``) is theirs or under theirs. OpTracker's function mode
+    can rest while they run. Containers that are never called (ModuleList, ModuleDict)
+    are looked into instead: their entries are the modules that run."""
+    def calls_functions(name):
+        return any(c == name or c.startswith(name + ".") for c in callers)
+
+    modules = dict(model.named_modules())
+    out: set = set()
+
+    def visit(name, m):
+        for child, c in m.named_children():
+            full = "%s.%s" % (name, child) if name else child
+            if isinstance(c, (torch.nn.ModuleList, torch.nn.ModuleDict)) or \
+                    calls_functions(full):
+                visit(full, c)
+            else:
+                out.add(full)
+
+    for s in scopes:
+        if s in modules:
+            visit(s, modules[s])
+    return out
+
+
 def tensors(x) -> List[torch.Tensor]:
     """The tensors in `x`: nested tuples, lists, dicts, dataclasses, ModelOutputs."""
     if isinstance(x, torch.Tensor):
@@ -166,7 +193,9 @@ class OpTracker:
     seen (a TorchFunctionMode: every torch call pays a Python check), while the tracker
     is active or, given ``scopes`` (module names), only while one of those modules'
     forward runs (the leaves under them must be among ``leaves``, so that their own
-    calls are told apart). ``callers=True`` keeps ``caller()``: the innermost non-leaf
+    calls are told apart), and never while one of the ``quiet`` modules' forward runs
+    (modules whose code, children included, calls no function op: the mode's Python
+    check on each of their torch calls would be host time for nothing). ``callers=True`` keeps ``caller()``: the innermost non-leaf
     module running, the one whose code calls a function op (its scope). Calls are
     counted per module and iteration (the root's forward starts one), so every user
     names an op the same way. ``recompute``: None, and a call made during a backward pass
@@ -178,10 +207,12 @@ class OpTracker:
                  leaves: Optional[set] = None, functions: bool = True,
                  on_iteration: Optional[Callable[[], None]] = None,
                  scopes: Optional[set] = None, callers: bool = False,
-                 recompute: Optional[Callable[[str, List[str]], str]] = None):
+                 recompute: Optional[Callable[[str, List[str]], str]] = None,
+                 quiet: Optional[set] = None):
         self.model, self.enter, self.exit = model, enter, exit
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
         self.scopes, self.callers, self.recompute = scopes, callers, recompute
+        self.quiet = quiet or set()
         self.count: Dict[int, int] = {}
         # with recompute: each module's ops this iteration, the forward's calls in order,
         # (id(module), op, _fingerprint), each op's place there, and the recomputation
@@ -260,18 +291,21 @@ class OpTracker:
             if self.leaves is None or name in self.leaves:
                 self._hook(name, m)
         self.mode = _FunctionOps(self) if self.functions else None
+        self.mode_on = False
         self.running: List[str] = []
-        self.depth = 0
+        self.depth = 0  # scopes whose forward is running
+        self.hush = 0   # quiet modules whose forward is running
         modules = dict(self.model.named_modules())
         if self.callers:
             for name, m in modules.items():
                 if next(m.children(), None) is not None:
                     self._around(m, lambda n=name: self.running.append(n), self.running.pop)
-        if self.mode is not None and self.scopes is None:
-            self.mode.__enter__()
-        elif self.mode is not None:
-            for name in sorted(self.scopes):
+        if self.mode is not None:
+            for name in sorted(self.scopes or ()):
                 self._around(modules[name], self._scope_in, self._scope_out)
+            for name in sorted(self.quiet):
+                self._around(modules[name], self._quiet_in, self._quiet_out)
+            self._sync_mode()
         return self
 
     def _around(self, m, before, after):
@@ -285,15 +319,31 @@ class OpTracker:
         self.handles.append(m.register_forward_pre_hook(pre))
         self.handles.append(m.register_forward_hook(post, always_call=True))
 
+    def _sync_mode(self):
+        """Enters or leaves the function mode as the running scopes and quiet modules
+        say."""
+        on = (self.scopes is None or self.depth > 0) and self.hush == 0
+        if on and not self.mode_on:
+            self.mode.__enter__()
+        elif self.mode_on and not on:
+            self.mode.__exit__(None, None, None)
+        self.mode_on = on
+
     def _scope_in(self):
         self.depth += 1
-        if self.depth == 1:
-            self.mode.__enter__()
+        self._sync_mode()
 
     def _scope_out(self):
         self.depth -= 1
-        if self.depth == 0:
-            self.mode.__exit__(None, None, None)
+        self._sync_mode()
+
+    def _quiet_in(self):
+        self.hush += 1
+        self._sync_mode()
+
+    def _quiet_out(self):
+        self.hush -= 1
+        self._sync_mode()
 
     def caller(self) -> str:
         """The innermost non-leaf module whose forward is running (``callers=True``)."""
@@ -356,9 +406,10 @@ class OpTracker:
         return out if new is None else new
 
     def __exit__(self, *exc):
-        if self.mode is not None and (self.scopes is None or self.depth > 0):
+        if self.mode is not None and self.mode_on:
             self.mode.__exit__(*exc)
-        self.depth = 0
+        self.mode_on = False
+        self.depth = self.hush = 0
         for h in self.handles:
             h.remove()
         self.active = None

@@ -268,6 +268,88 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(seen, ["mha", "q", "k", "v"])
         self.assertTrue(torch.isfinite(loss).item())
 
+    def test_function_mode_rests_in_modules_without_function_ops(self):
+        # A ViT's shape: the position embedding is a function op of the root's own code,
+        # the blocks (in a ModuleList, which is never called) call none. With the
+        # embedding wrapped the mode runs in the root's code only: the blocks' torch
+        # calls never reach it, and the step's numbers are those of a mode that sees all.
+        import qsync.apply_plan as apm
+        from qsync import attribution
+
+        class Blk(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+
+            def forward(self, x):
+                q, k, v = self.qkv(x).reshape(x.shape[0], x.shape[1], 3, 2, 4).unbind(2)
+                a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                   v.transpose(1, 2))
+                return x + self.proj(a.transpose(1, 2).reshape(x.shape))
+
+        class Vit(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Linear(4, 8)
+                self.pos = nn.Parameter(torch.randn(1, 5, 8) * 0.1)
+                self.blocks = nn.ModuleList([Blk() for _ in range(3)])
+                self.head = nn.Linear(8, 2)
+
+            def forward(self, x):
+                x = self.embed(x) + self.pos
+                for b in self.blocks:
+                    x = b(x)
+                return self.head(x.mean(1))
+
+        torch.manual_seed(0)
+        model, x = Vit(), torch.randn(2, 5, 4)
+        y = torch.tensor([0, 1])
+
+        def step():
+            return F.cross_entropy(model(x), y)
+
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "vit")
+        fop = next(o for o in mj["ops"] if o.get("call") == "function")
+        self.assertEqual(fop["caller"], "")
+        self.assertEqual(attribution.quiet_modules(model, {""}, {""}),
+                         {"embed", "blocks.0", "blocks.1", "blocks.2", "head"})
+        plan = {"default": "bf16", "ops": {fop["name"]: "fp32"}}
+        counted = []
+        checked = attribution._FunctionOps.__torch_function__
+
+        def counting(mode, func, *a, **k):
+            counted[-1] += 1
+            return checked(mode, func, *a, **k)
+
+        def run():
+            counted.append(0)
+            for p in model.parameters():
+                p.grad = None
+            with applied_plan(model, plan, mj, device_type="cpu") as ap:
+                with ap.step_context():
+                    loss = step()
+                loss.backward()
+            return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+        attribution._FunctionOps.__torch_function__ = counting
+        try:
+            loss, grads = run()
+            every = apm.quiet_modules
+            apm.quiet_modules = lambda *a: set()
+            try:
+                loss_all, grads_all = run()
+            finally:
+                apm.quiet_modules = every
+        finally:
+            attribution._FunctionOps.__torch_function__ = checked
+        self.assertEqual(loss.item(), loss_all.item())
+        for g, h in zip(grads, grads_all):
+            self.assertTrue(torch.equal(g, h))
+        # the root's own calls (the add, the loop's iteration, the mean): a few, where
+        # the blocks alone make more than ten each
+        self.assertLess(counted[0], 10, counted)
+        self.assertGreater(counted[1], 30, counted)
+
     def test_a_view_output_modified_in_place_keeps_its_producer(self):
         # A leaf whose output is a view of its own result (Conv1D's addmm, viewed; a Linear
         # on a 3-D input in some torch versions), then ``y += r``: the in-place add rebases
