@@ -47,7 +47,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .qsync_model import call_name
 
@@ -416,6 +415,22 @@ class OpTracker:
         return False
 
 
+def _parameters_in(x, owners, out: list) -> None:
+    """Appends the model's parameters (``owners``' keys) found in `x`, in order, looking
+    through tuples, lists and dicts. The mode runs it on every torch call it checks, so
+    it walks the containers itself: pytree's leaves cost several times as much a call."""
+    if isinstance(x, torch.nn.Parameter):
+        if id(x) in owners:
+            out.append(x)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            if isinstance(y, (torch.Tensor, tuple, list, dict)):
+                _parameters_in(y, owners, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _parameters_in(y, owners, out)
+
+
 class _FunctionOps(TorchFunctionMode):
     """Turns a torch function called outside every op with a parameter among its
     arguments into an op (OpTracker.run_function)."""
@@ -429,11 +444,11 @@ class _FunctionOps(TorchFunctionMode):
         t = self.tracker
         if (t.active is None and (t.in_forward or (t.recompute is not None and recomputing()))
                 and getattr(func, "__name__", "") not in _NOT_OPS):
-            params, owner = [], None
-            for x in tree_leaves((args, kwargs)):
-                if isinstance(x, torch.nn.Parameter) and id(x) in t.owners:
-                    params.append(x)
-                    owner = owner or t.owners[id(x)]
+            params = []
+            _parameters_in(args, t.owners, params)
+            if kwargs:
+                _parameters_in(kwargs, t.owners, params)
+            owner = t.owners[id(params[0])] if params else None
             if owner is not None:
                 return t.run_function(func, args, kwargs, owner, params)
         return func(*args, **kwargs)

@@ -268,6 +268,20 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(seen, ["mha", "q", "k", "v"])
         self.assertTrue(torch.isfinite(loss).item())
 
+    def test_the_mode_finds_parameters_in_nested_arguments(self):
+        # torch.cat([cls_token, x]), a dict of weights: the mode's own walk finds the
+        # model's parameters through tuples, lists and dicts, in order, and skips others
+        from qsync.attribution import _parameters_in
+
+        a, b, c = (nn.Parameter(torch.zeros(1)) for _ in range(3))
+        owners = {id(a): ("a", None), id(b): ("b", None)}
+        found = []
+        _parameters_in(((torch.ones(1), [b, {"k": (a,)}]), c, {"w": [a]}), owners, found)
+        self.assertEqual([id(p) for p in found], [id(b), id(a), id(a)])
+        found = []
+        _parameters_in((torch.ones(1), 3, "s", None), owners, found)
+        self.assertEqual(found, [])
+
     def test_function_mode_rests_in_modules_without_function_ops(self):
         # A ViT's shape: the position embedding is a function op of the root's own code,
         # the blocks (in a ModuleList, which is never called) call none. With the
