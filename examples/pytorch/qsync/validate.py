@@ -379,6 +379,33 @@ def timed_steps(args, step, n):
     return times, host
 
 
+def trace_plans(args, name, plans, model, forward_loss, records, model_json, tdir, steps):
+    """--trace-plans: every plan but the uniform ones profiled as it was measured, with a
+    range per op (export.instrument inside applied_plan), to
+    traces/<case>_plan_<plan>.json.gz: what plan_gap.py compares with the prediction."""
+    import torch
+
+    from . import export as ex
+    from .apply_plan import applied_plan
+
+    for pn, pl in plans.items():
+        if pn in PRECISIONS or pn == "fp8":
+            continue
+        with applied_plan(model, pl, model_json, device_type=args.device) as ap:
+            opt = new_optimizer(torch, model)
+            step = training_step(torch, model, opt, forward_loss, ap.step_context)
+            for _ in range(2):
+                step()
+            with tempfile.TemporaryDirectory() as tmp:
+                raw = os.path.join(tmp, "t.json")
+                with ex.instrument(model, functions=ex.function_ops(records)):
+                    ex.profile(step, raw, steps=steps)
+                qm.gzip_file(raw, os.path.join(tdir, "%s_plan_%s.json.gz" % (name, pn)))
+        del opt, step
+        gc.collect()
+    log("%s: plans traced" % name)
+
+
 def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None):
     """Steps 1-4 of the module docstring for one case; appends to measured_rows and
     rewrites measured.csv after every case, so a failure keeps what was measured, and
@@ -524,6 +551,9 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
             del opt, step
             gc.collect()
         log("%s: round %d of %d measured" % (name, r + 1, rounds))
+    if getattr(args, "trace_plans", False):
+        trace_plans(args, name, plans, model, forward_loss, records, model_json, tdir,
+                    profile_steps)
     host_times[name] = {"precisions": host_log,
                         "plans": {pn: {"times": v["times"], "host": v["host"]}
                                   for pn, v in res.items()}}
@@ -875,6 +905,10 @@ def parse_args(argv=None):
                     help="also profile uniform fp8 (the applied plan's fp8 linear layers), "
                          "measure it and the allocator's alloc-fp8-80pct plan (sm_89+, or "
                          "a CPU torch with torch._scaled_mm under --smoke)")
+    ap.add_argument("--trace-plans", action="store_true",
+                    help="also profile every mixed and allocator plan, with a range per op, "
+                         "to traces/<case>_plan_<plan>.json.gz (plan_gap.py compares them "
+                         "with the prediction, op by op)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny models on the CPU: checks the pipeline, measures nothing")
     ap.add_argument("--switch-probe", default="", metavar="FILE",

@@ -4,6 +4,7 @@ predict mode).
 With LOWBIT_PLAN set to a built lowbit-plan, the exported model JSON, a hand-written
 trace and a plan also go through the planner (the schema both sides agree on)."""
 
+import csv
 import json
 import os
 import subprocess
@@ -299,10 +300,31 @@ class Smoke(unittest.TestCase):
             r = subprocess.run([sys.executable, "-m", "qsync.validate", "--smoke", "--out", out,
                                 "--model", "my_net:make", "--batch", "1,4",
                                 "--lowbit-plan", os.environ["LOWBIT_PLAN"], "--iters", "2",
-                                "--warmup", "1", "--profile-steps", "1", "--host-iters", "2"],
+                                "--warmup", "1", "--profile-steps", "1", "--host-iters", "2",
+                                "--trace-plans"],
                                capture_output=True, text=True, cwd=ROOT, env=env)
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             self.assertIn("| make-b4/bf16 |", r.stdout)
+            # --trace-plans: each mixed plan's own trace, and plan_gap's table from it
+            self.assertTrue(os.path.exists(os.path.join(
+                out, "traces", "make-b4_plan_mixed-ends.json.gz")))
+            self.assertFalse(os.path.exists(os.path.join(out, "traces", "make-b4_plan_bf16.json.gz")))
+            g = subprocess.run([sys.executable, "-m", "qsync.plan_gap", out, "make-b4",
+                                "mixed-ends", "--lowbit-plan", os.environ["LOWBIT_PLAN"],
+                                "--csv", os.path.join(d, "gap.csv")],
+                               capture_output=True, text=True, cwd=ROOT, env=env)
+            self.assertEqual(g.returncode, 0, g.stderr[-3000:])
+            self.assertIn("| total |", g.stdout)
+            with open(os.path.join(d, "gap.csv")) as f:
+                gap_ops = {row["op"] for row in csv.DictReader(f)}
+            self.assertIn("body.0", gap_ops)
+            self.assertIn("tail", gap_ops)
+            missing = subprocess.run([sys.executable, "-m", "qsync.plan_gap", out, "make-b4",
+                                      "no-such-plan", "--lowbit-plan",
+                                      os.environ["LOWBIT_PLAN"]],
+                                     capture_output=True, text=True, cwd=ROOT, env=env)
+            self.assertEqual(missing.returncode, 2)
+            self.assertIn("--trace-plans", missing.stderr)
             self.assertIn("| make-b1/fp32 |", r.stdout)
             mj = qm.read_json(os.path.join(out, "make-b4.model.json"))
             self.assertEqual(mj["unused_params"]["names"], ["spare.weight", "spare.bias"])
