@@ -194,8 +194,9 @@ class OpTracker:
     forward runs (the leaves under them must be among ``leaves``, so that their own
     calls are told apart), and never while one of the ``quiet`` modules' forward runs
     (modules whose code, children included, calls no function op: the mode's Python
-    check on each of their torch calls would be host time for nothing). ``callers=True`` keeps ``caller()``: the innermost non-leaf
-    module running, the one whose code calls a function op (its scope). Calls are
+    check on each of their torch calls would be host time for nothing).
+    ``callers=True`` keeps ``caller()``: the innermost non-leaf module running, the one
+    whose code calls a function op (its scope). Calls are
     counted per module and iteration (the root's forward starts one), so every user
     names an op the same way. ``recompute``: None, and a call made during a backward pass
     (``recomputing()``) is no op (no ``enter``/``exit``); else such a call is the forward

@@ -308,7 +308,8 @@ class Smoke(unittest.TestCase):
             # --trace-plans: each mixed plan's own trace, and plan_gap's table from it
             self.assertTrue(os.path.exists(os.path.join(
                 out, "traces", "make-b4_plan_mixed-ends.json.gz")))
-            self.assertFalse(os.path.exists(os.path.join(out, "traces", "make-b4_plan_bf16.json.gz")))
+            self.assertFalse(os.path.exists(os.path.join(out, "traces",
+                                                         "make-b4_plan_bf16.json.gz")))
             g = subprocess.run([sys.executable, "-m", "qsync.plan_gap", out, "make-b4",
                                 "mixed-ends", "--lowbit-plan", os.environ["LOWBIT_PLAN"],
                                 "--csv", os.path.join(d, "gap.csv")],
