@@ -742,23 +742,39 @@ def predict(args):
     os.makedirs(pdir, exist_ok=True)
     host = host_truth_traces(args.out, args.host_truth)
     with tempfile.TemporaryDirectory() as tmp:
+        jobs = []  # (measured row, argv, prediction's path), in the measured order
+        gz = None
         for name in dict.fromkeys(m["model"] for m in measured):
-            gz = reads_gz(args.lowbit_plan, args.out, name)
+            if gz is None:  # one binary: whether it reads .gz is asked once
+                gz = reads_gz(args.lowbit_plan, args.out, name)
             base = plan_args(args.out, name, tmp, gz=gz, host=host)
             for m in (m for m in measured if m["model"] == name):
                 plan = os.path.join(args.out, "plans", "%s_%s.json" % (name, m["plan"]))
                 pred = os.path.join(pdir, "%s_%s.json" % (name, m["plan"]))
-                argv = base + ["--plan", plan, "--json", pred]
-                try:
-                    lowbit_plan(args.lowbit_plan, argv)
-                except RuntimeError as e:  # reported in the zoo's CSV, the others go on
-                    log("%s: prediction failed: %s" % (m["case"], e))
-                    predict_failures[m["case"]] = str(e)
-                    continue
-                commands.append("lowbit-plan " + " ".join(argv))
-                j = qm.read_json(pred)["plans"][0]
-                predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
-                                        "memory_gib": j["groups"][0]["memory_gib"]}
+                jobs.append((m, base + ["--plan", plan, "--json", pred], pred))
+
+        def run(job):
+            try:
+                lowbit_plan(args.lowbit_plan, job[1])
+                return None
+            except RuntimeError as e:
+                return e
+
+        # Each call reads its case's traces again: they run side by side, one per core
+        # (the measurement is over; on the GPU machine this takes seconds, not a minute).
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            errors = list(pool.map(run, jobs))
+        for (m, argv, pred), e in zip(jobs, errors):
+            if e is not None:  # reported in the zoo's CSV, the others go on
+                log("%s: prediction failed: %s" % (m["case"], e))
+                predict_failures[m["case"]] = str(e)
+                continue
+            commands.append("lowbit-plan " + " ".join(argv))
+            j = qm.read_json(pred)["plans"][0]
+            predicted[m["case"]] = {"iteration_ms": j["iteration_ms"],
+                                    "memory_gib": j["groups"][0]["memory_gib"]}
     rows = [with_profile_host(args.out, r, m, host) for r, m in
             zip(qm.validation_rows(predicted, measured), [m for m in measured
                                                           if m["case"] in predicted])]
