@@ -302,9 +302,11 @@ class OpTracker:
                     self._around(m, lambda n=name: self.running.append(n), self.running.pop)
         if self.mode is not None:
             for name in sorted(self.scopes or ()):
-                self._around(modules[name], self._scope_in, self._scope_out)
+                self._around(modules[name], lambda: self._move(scopes=1),
+                             lambda: self._move(scopes=-1))
             for name in sorted(self.quiet):
-                self._around(modules[name], self._quiet_in, self._quiet_out)
+                self._around(modules[name], lambda: self._move(quiet=1),
+                             lambda: self._move(quiet=-1))
             self._sync_mode()
         return self
 
@@ -329,20 +331,10 @@ class OpTracker:
             self.mode.__exit__(None, None, None)
         self.mode_on = on
 
-    def _scope_in(self):
-        self.depth += 1
-        self._sync_mode()
-
-    def _scope_out(self):
-        self.depth -= 1
-        self._sync_mode()
-
-    def _quiet_in(self):
-        self.hush += 1
-        self._sync_mode()
-
-    def _quiet_out(self):
-        self.hush -= 1
+    def _move(self, scopes=0, quiet=0):
+        """A scope's or a quiet module's forward starts (+1) or ends (-1)."""
+        self.depth += scopes
+        self.hush += quiet
         self._sync_mode()
 
     def caller(self) -> str:
