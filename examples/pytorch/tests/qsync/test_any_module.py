@@ -327,6 +327,12 @@ class AnyModule(unittest.TestCase):
         self.assertEqual(fop["caller"], "")
         self.assertEqual(attribution.quiet_modules(model, {""}, {""}),
                          {"embed", "blocks.0", "blocks.1", "blocks.2", "head"})
+        # a block whose own code calls one is looked into: its children rest, it does not
+        self.assertEqual(attribution.quiet_modules(model, {""}, {"", "blocks.1"}),
+                         {"embed", "blocks.0", "blocks.1.qkv", "blocks.1.proj", "blocks.2",
+                          "head"})
+        self.assertEqual(attribution.quiet_modules(model, {"blocks.1"}, {"blocks.1"}),
+                         {"blocks.1.qkv", "blocks.1.proj"})
         plan = {"default": "bf16", "ops": {fop["name"]: "fp32"}}
         counted = []
         checked = attribution._FunctionOps.__torch_function__
