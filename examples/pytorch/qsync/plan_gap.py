@@ -46,10 +46,10 @@ def gap(out_dir: str, case: str, plan: str, binary: str):
     with tempfile.TemporaryDirectory() as tmp:
         gz = reads_gz(binary, out_dir, case)
         predicted = os.path.join(tmp, "predicted.csv")
-        lowbit_plan(binary, plan_args(out_dir, case, tmp, gz=gz) +
-                    ["--plan", plan_file, "--timeline", predicted])
+        base = plan_args(out_dir, case, tmp, gz=gz)  # --model M --cluster C --traces ...
+        lowbit_plan(binary, base + ["--plan", plan_file, "--timeline", predicted])
         traced = os.path.join(tmp, "traced.csv")
-        model, cluster = plan_args(out_dir, case, tmp, gz=gz)[1:4:2]
+        model, cluster = base[1], base[3]
         uniform = qm.write_json(os.path.join(tmp, "fp32.json"), qm.uniform_plan("fp32"))
         lowbit_plan(binary, ["--model", model, "--cluster", cluster, "--traces",
                              "fp32=" + (trace if gz else qm.gunzip_to(trace, tmp)),

@@ -379,13 +379,21 @@ def timed_steps(args, step, n):
     return times, host
 
 
+def profile_with_ranges(model, step, records, path, steps):
+    """Profiles `step` with a range per op (export.instrument; the function ops' mode
+    only where the model has any) to the plain JSON trace `path`."""
+    from . import export as ex
+
+    with ex.instrument(model, functions=ex.function_ops(records)):
+        ex.profile(step, path, steps=steps)
+
+
 def trace_plans(args, name, plans, model, forward_loss, records, model_json, tdir, steps):
     """--trace-plans: every plan but the uniform ones profiled as it was measured, with a
     range per op (export.instrument inside applied_plan), to
     traces/<case>_plan_<plan>.json.gz: what plan_gap.py compares with the prediction."""
     import torch
 
-    from . import export as ex
     from .apply_plan import applied_plan
 
     for pn, pl in plans.items():
@@ -398,8 +406,7 @@ def trace_plans(args, name, plans, model, forward_loss, records, model_json, tdi
                 step()
             with tempfile.TemporaryDirectory() as tmp:
                 raw = os.path.join(tmp, "t.json")
-                with ex.instrument(model, functions=ex.function_ops(records)):
-                    ex.profile(step, raw, steps=steps)
+                profile_with_ranges(model, step, records, raw, steps)
                 qm.gzip_file(raw, os.path.join(tdir, "%s_plan_%s.json.gz" % (name, pn)))
         del opt, step
         gc.collect()
@@ -462,8 +469,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                     name, p, scratch[top] / 2**20, top, sum(b > 0 for b in scratch.values())))
             with tempfile.TemporaryDirectory() as tmp:
                 raw = os.path.join(tmp, "t.json")
-                with ex.instrument(model, functions=ex.function_ops(records)):
-                    ex.profile(step, raw, steps=profile_steps)
+                profile_with_ranges(model, step, records, raw, profile_steps)
                 if p == "fp32":
                     inst = qm.read_json(raw)
                     model_json = qm.model_json(records, name, trace=inst)
