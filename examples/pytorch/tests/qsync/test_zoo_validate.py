@@ -164,6 +164,31 @@ class ZooTable(unittest.TestCase):
                       "hand-made fixture (not a measurement): time within target on 2 of 2 "
                       "rows.", text)
 
+    def test_a_case_run_again_replaces_its_skipped_row(self):
+        with open(FIXTURE) as f:
+            rows = list(csv.DictReader(f))
+        fields = list(rows[0])
+        measured_rows = [r for r in rows if r["measured_ms"]]
+        case = (measured_rows[0]["model"], measured_rows[0]["batch"])
+        skipped = dict(rows[0], bound="", plan="", predicted_ms="", measured_ms="",
+                       time_error="", predicted_mem="", measured_mem="", mem_error="",
+                       within_target="failed (skipped (budget)): not run")
+        again = [r for r in measured_rows if (r["model"], r["batch"]) == case]
+        others = [r for r in rows if (r["model"], r["batch"]) != case]
+        with tempfile.TemporaryDirectory() as d:
+            parts = [os.path.join(d, n) for n in ("p1.csv", "p2.csv", "o.csv")]
+            write_csv(parts[0], fields, others + [skipped])
+            write_csv(parts[1], fields, again)
+            r = self.run_script("--merge", parts[0], parts[1], "-o", parts[2])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(parts[2]) as f:
+                got = list(csv.DictReader(f))
+        self.assertEqual(len(got), len(others) + len(again))
+        self.assertFalse(any(g["within_target"].startswith("failed (skipped")
+                             for g in got if (g["model"], g["batch"]) == case))
+        # a case no part measured keeps its row
+        self.assertTrue(any(g["within_target"].startswith("failed (export)") for g in got))
+
     def test_a_missing_column_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
             bad = os.path.join(d, "bad.csv")

@@ -1,0 +1,76 @@
+"""Two readings of this run, from the files beside this script. Run from the repository
+root: python3 docs/results/qsync-zoo-2026-12-06-h100/analysis.py
+
+1. Host noise: one uniform step's host side timed twice in the same rounds
+   (host_times.json): the precision's host samples, which lowbit-plan is given, against
+   the host times of the same step while its uniform plan was timed; host-bound pairs
+   only (host at least 90% of the step).
+2. What a plan's wrapped ops cost the host: each mixed or allocator plan's host time
+   (the run log's "host" of the plan) less that of the uniform plan of its ambient
+   precision, per case, beside the same figure from the run before the applier's fix
+   (docs/results/qsync-zoo-2026-12-06/, parts 1 and 2: that run's other logs did not
+   come back)."""
+import collections
+import json
+import re
+import statistics as st
+
+D = "docs/results/qsync-zoo-2026-12-06-h100/"
+BEFORE = "docs/results/qsync-zoo-2026-12-06/"
+PARTS = ("part1", "part2", "rerun")
+
+diffs = []
+for part in PARTS:
+    with open(D + part + "-host_times.json") as f:
+        cases = json.load(f)
+    for case, h in cases.items():
+        for p in ("fp32", "fp16", "bf16"):
+            samples = st.median([x for r in h["precisions"][p]["rounds"] for x in r])
+            host = st.median([x for r in h["plans"][p]["host"] for x in r])
+            step = st.median([x for r in h["plans"][p]["times"] for x in r])
+            if host >= 0.9 * step:
+                diffs.append(100.0 * (samples / host - 1.0))
+print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
+      "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
+      % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),
+         min(diffs), max(diffs)))
+
+LINE = re.compile(r"\] (\S+)/(\S+): median ([\d.]+) ms .*host ([\d.]+) ms.*"
+                  r"\(ambient (\w+); .*; (\d+) wrapped\)")
+
+
+def plan_hosts(paths):
+    """{(case, plan): (host ms, ambient precision, wrapped ops)} from run logs."""
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                m = LINE.search(line)
+                if m:
+                    out[(m[1], m[2])] = (float(m[4]), m[5], int(m[6]))
+    return out
+
+
+def extra_host(logs):
+    """{case: {plan: (wrapped, extra host ms)}} for plans that wrap ops."""
+    out = collections.defaultdict(dict)
+    for (case, plan), (host, ambient, wrapped) in logs.items():
+        base = logs.get((case, ambient))
+        if wrapped and plan != ambient and base:
+            out[case][plan] = (wrapped, host - base[0])
+    return out
+
+
+now = extra_host(plan_hosts(D + p + "-run.log" for p in PARTS))
+before = extra_host(plan_hosts([BEFORE + "part1-h200-run.log", BEFORE + "part2-h100-run.log"]))
+per_op = lambda d: st.median(x / n for v in d.values() for n, x in v.values())
+print("2. extra host a wrapped op, median over plans: %.3f ms now (%d plans), %.3f ms before "
+      "(%d plans)" % (per_op(now), sum(map(len, now.values())), per_op(before),
+                      sum(map(len, before.values()))))
+plans = ("mixed-ends", "mixed-norms", "alloc-5pct", "alloc-15pct")
+print("   extra host ms per plan, before / now (- where not measured):")
+print("   %-24s %s" % ("case", "  ".join("%-13s" % p for p in plans)))
+for case in sorted(set(now) | set(before)):
+    cell = lambda d, p: "%+.1f" % d[case][p][1] if p in d.get(case, {}) else "-"
+    print("   %-24s %s" % (case, "  ".join("%-13s" % ("%s / %s" % (cell(before, p), cell(now, p)))
+                                           for p in plans)))
