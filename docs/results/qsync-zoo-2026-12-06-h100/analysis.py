@@ -9,9 +9,13 @@ root: python3 docs/results/qsync-zoo-2026-12-06-h100/analysis.py
    (the run log's "host" of the plan) less that of the uniform plan of its ambient
    precision, per case, beside the same figure from the run before the applier's fix
    (docs/results/qsync-zoo-2026-12-06/, parts 1 and 2: that run's other logs did not
-   come back)."""
+   come back).
+3. Whether more host samples would help: for the same host-bound pairs, the difference
+   expected if samples and timed host times were independent draws from one spread
+   (resampled from the two pooled, 200 draws a pair, seed 1), against the one observed."""
 import collections
 import json
+import random
 import re
 import statistics as st
 
@@ -19,7 +23,7 @@ D = "docs/results/qsync-zoo-2026-12-06-h100/"
 BEFORE = "docs/results/qsync-zoo-2026-12-06/"
 PARTS = ("part1", "part2", "rerun")
 
-diffs = []
+diffs, pools = [], []
 for part in PARTS:
     with open(D + part + "-host_times.json") as f:
         cases = json.load(f)
@@ -30,6 +34,8 @@ for part in PARTS:
             step = st.median([x for r in h["plans"][p]["times"] for x in r])
             if host >= 0.9 * step:
                 diffs.append(100.0 * (samples / host - 1.0))
+                pools.append(([x for r in h["precisions"][p]["rounds"] for x in r],
+                              [x for r in h["plans"][p]["host"] for x in r]))
 print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
       "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
       % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),
@@ -74,3 +80,16 @@ for case in sorted(set(now) | set(before)):
     cell = lambda d, p: "%+.1f" % d[case][p][1] if p in d.get(case, {}) else "-"
     print("   %-24s %s" % (case, "  ".join("%-13s" % ("%s / %s" % (cell(before, p), cell(now, p)))
                                            for p in plans)))
+
+random.seed(1)
+print("3. the same pairs if samples and timed host times were one spread (resampled):")
+for n in (15, 30, 60):
+    expected = []
+    for samples, timed in pools:
+        pool = samples + timed
+        expected.append(st.median(
+            abs(st.median(random.choices(pool, k=n)) /
+                st.median(random.choices(pool, k=len(timed))) - 1.0) * 100.0
+            for _ in range(200)))
+    print("   %d samples against the pair's timed steps: median |difference| %.1f%%, over 15%% "
+          "in %d" % (n, st.median(expected), sum(e > 15 for e in expected)))

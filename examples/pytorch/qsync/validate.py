@@ -347,19 +347,30 @@ def free_memory(torch):
         torch.cuda.empty_cache()
 
 
+def settle_heap():
+    """Collects, then moves every object alive now (the imported libraries: torch,
+    transformers and timm hold a few hundred thousand) into the collector's permanent
+    generation, where no later collection walks them. Run before a case builds its model,
+    so that the collections a case makes (before each timing and after each plan, to free
+    its memory) walk only what the case made: 0.2-1 ms against about 150 ms a collection
+    with transformers imported (the development machine's CPU). Nothing is lost: what is
+    alive before a case outlives it."""
+    gc.collect()
+    gc.freeze()
+
+
 class quiet:
-    """Timed steps run with Python's garbage collector frozen and off (as timeit does):
-    a collection inside a step is host time the model does not know of."""
+    """Timed steps run with Python's garbage collector off (as timeit does): a collection
+    inside a step is host time the model does not know of. It collects first, so the
+    steps start without garbage; what settle_heap froze stays frozen."""
 
     def __enter__(self):
         gc.collect()
-        gc.freeze()
         gc.disable()
         return self
 
     def __exit__(self, *exc):
         gc.enable()
-        gc.unfreeze()
         return False
 
 
@@ -420,6 +431,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     runs (export, profile, plan, measure), for the report of a case that fails."""
     stage = {} if stage is None else stage
     stage["now"] = "export"
+    settle_heap()
     from . import export as ex
     from .apply_plan import applied_plan
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import weakref
 
 from qsync import validate as v
 from qsync import zoo
@@ -111,6 +112,33 @@ class ZooCsv(unittest.TestCase):
         self.assertEqual(failed["within_target"], "failed (export): RuntimeError: boom")
         self.assertEqual((gpu["date"], gpu["commit"], gpu["hardware"]),
                          ("2000-01-01", "abc", "Fixture GPU, torch 0.0"))
+
+
+class Heap(unittest.TestCase):
+    def test_settled_objects_stay_frozen_while_steps_are_timed(self):
+        import gc
+
+        class Node:
+            pass
+
+        before = gc.get_freeze_count()
+        try:
+            v.settle_heap()
+            frozen = gc.get_freeze_count()
+            self.assertGreater(frozen, 0)
+            cycle = Node()
+            cycle.self = cycle  # garbage after the settle: quiet's collection frees it
+            probe = weakref.ref(cycle)
+            del cycle
+            with v.quiet():
+                self.assertIsNone(probe())
+                self.assertFalse(gc.isenabled())
+                self.assertEqual(gc.get_freeze_count(), frozen)
+            self.assertTrue(gc.isenabled())
+            self.assertEqual(gc.get_freeze_count(), frozen)
+        finally:
+            if not before:
+                gc.unfreeze()
 
 
 class ZooTable(unittest.TestCase):
