@@ -352,7 +352,7 @@ def settle_heap():
     transformers and timm hold a few hundred thousand) into the collector's permanent
     generation, where no later collection walks them. Run before a case builds its model,
     so that the collections a case makes (before each timing and after each plan, to free
-    its memory) walk only what the case made: 0.2-1 ms against about 150 ms a collection
+    its memory) walk only what the case made: under 1 ms against 120-140 ms a collection
     with transformers imported (the development machine's CPU). Nothing is lost: what is
     alive before a case outlives it."""
     gc.collect()
