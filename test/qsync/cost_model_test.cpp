@@ -373,6 +373,41 @@ TEST_CASE("memory: the code after an op holds its backward transient before the 
   REQUIRE(memory_bytes(op_graph(ops), fp32, 0, 0, P::fp32).workspace == 30000);
 }
 
+TEST_CASE("memory: weights several calls share get one gradient, early, and one copy") {
+  // emb (an embedding of 10000 parameters) -> mid (a linear, 10) -> head, a linear tied to
+  // emb (weights_from): 10 outputs each, nothing saved. Backward runs head, mid, emb:
+  // head's gradient of the shared weights (40000 bytes) is allocated first and held; at
+  // emb's backward, emb's contribution (40000 more) is in flight while autograd adds it
+  // in place.
+  using P = precision;
+  op emb = linear_op("emb", {}, 10000, 0, 10);
+  emb.kind = op_kind::embedding;
+  op mid = linear_op("mid", {"emb"}, 10, 0, 10);
+  op head = linear_op("head", {"emb", "mid"}, 0, 0, 10);
+  head.weights_from = "emb";
+  const op_graph g({emb, mid, head});
+  const memory_breakdown m = memory_bytes(g, std::vector<P>(3, P::fp32), 8);
+  REQUIRE(m.gradients == 4 * 10010);
+  // gradients 40040, emb's contribution 40000 and its gradient pair 80, nothing saved
+  REQUIRE(m.total() == m.weights + m.optimizer + 40040 + 40000 + 80);
+  REQUIRE(m.workspace == 40000 + 80);
+  // Untied (head's own weights in place of emb's): one gradient each, no contribution in
+  // flight, the peak at the end of backward.
+  op own = head;
+  own.weights_from.clear();
+  own.param_numel = 10000;
+  const memory_breakdown untied = memory_bytes(op_graph({emb, mid, own}), std::vector<P>(3, P::fp32), 8);
+  REQUIRE(untied.total() == untied.weights + untied.optimizer + 4 * 20010 + 80);
+  // At fp16 autocast copies the shared weights once, for head (embeddings are not cast).
+  const memory_breakdown m16 = memory_bytes(g, std::vector<P>(3, P::fp16), 8);
+  REQUIRE(m16.weight_copies == 10000 * 2 + 10 * 2);
+  // A linear called twice (its second call runs with the first's weights): one copy.
+  op f = linear_op("f", {}, 100, 0, 10);
+  op f2 = linear_op("f#2", {"f"}, 0, 0, 10);
+  f2.weights_from = "f";
+  REQUIRE(memory_bytes(op_graph({f, f2}), std::vector<P>(2, P::fp16), 8).weight_copies == 100 * 2);
+}
+
 TEST_CASE("allowed precisions follow the device menu and the 16-bit floor") {
   op ln;
   ln.name = "ln";

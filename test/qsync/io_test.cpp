@@ -165,6 +165,25 @@ TEST_CASE("model JSON: frozen and unused parameters") {
       Contains("\"unused_params\" numel must be >= 0"));
 }
 
+TEST_CASE("model JSON: an op running with another op's weights") {
+  const training_model m = model_from_json(json::parse(
+      R"({"ops": [{"name": "emb", "kind": "embedding", "param_numel": 10},
+                  {"name": "head", "kind": "linear", "inputs": ["emb"], "weights_from": ["emb"]}]})"));
+  REQUIRE(m.graph.at(1).weights_from == "emb");
+  REQUIRE(m.graph.weights_holder(1) == std::optional<std::size_t>(0));
+  REQUIRE(m.graph.weights_holder(0) == std::optional<std::size_t>(0));
+  auto parse = [](const char* text) { return model_from_json(json::parse(text)); };
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "emb", "param_numel": 10},
+                                         {"name": "head", "weights_from": ["emb"]}]})"),
+                      Contains("op 'head' takes weights_from 'emb', which is not under its inputs"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"},
+                                         {"name": "b", "inputs": ["a"], "weights_from": ["a"]}]})"),
+                      Contains("only an op without parameters runs with those of an op holding"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "param_numel": 1}, {"name": "b",
+                                         "inputs": ["a"], "weights_from": ["a", "a"]}]})"),
+                      Contains("\"weights_from\" names at most one op"));
+}
+
 TEST_CASE("model JSON: measured bytes per precision") {
   const training_model m = model_from_json(json::parse(
       R"({"ops": [{"name": "head", "param_numel": 10, "saved_bytes": {"bf16": 3},

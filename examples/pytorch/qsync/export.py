@@ -124,8 +124,8 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     embedding). An op that takes parameters but holds none gets the holder as its
     first input and ``weights_from``: it follows the holder's precision (one decision
     per parameter) rather than a graph input's precision, and a uniform plan still wraps
-    nothing; its autocast copy of the weights is not priced (the model JSON cannot say
-    so). Sets each record's ``param_numel``, ``frozen_numel`` (of those, the ones
+    nothing; lowbit-plan prices from it the autocast copy of those weights and when
+    their gradient is held (memory_bytes). Sets each record's ``param_numel``, ``frozen_numel`` (of those, the ones
     without requires_grad: weights with no gradient, optimizer state or bucket share)
     and ``param_names`` (the parameters' qualified names). Returns the ids of the
     parameters some op took."""

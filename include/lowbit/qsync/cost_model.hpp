@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lowbit/core/error.hpp"
@@ -305,12 +307,13 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// measured at its precision when the model has one, else its storage width (bits/32 of the fp32
 /// size, 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
 /// low-precision conv or linear (copies_weights) at that width until backward has used
-/// it. An edge cast whose output the consumer saves where the profile shared the input adds
+/// it (one copy a width of weights several calls share, op::weights_from). An edge cast whose output the consumer saves where the profile shared the input adds
 /// that output (cast_saves_copy; one input per op, two for a matmul). The peak is found by
 /// walking backward (ops in reverse, gradients set to None before the step, as
 /// zero_grad(set_to_none=True) leaves them, and a fused optimizer): at op i the weights,
 /// the optimizer state and `workspace_mib` are held, with the weight gradients of op i and
-/// every op after it, what op i and the ops before it saved (the later ops' backward has
+/// every op after it (weights several calls share: from the first of their backwards, each
+/// later call's contribution in flight during its own), what op i and the ops before it saved (the later ops' backward has
 /// freed theirs), and op i's incoming and outgoing gradient (twice its output at its width)
 /// and measured transient bytes (op::workspace_bytes); just before op i (its weight
 /// gradient not yet allocated), the same with the transient of the backward of the code
@@ -342,6 +345,24 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
   };
   std::vector<held> walk;
   const auto& order = g.topo_order();
+  // Autocast's copy of weights shared by several calls (a module called twice, a head
+  // tied to its embedding) is made once a width, by the first call in forward order that
+  // copies (autocast caches the cast of a parameter for the step), and held until that
+  // call's backward, the last of theirs: it counts there.
+  std::vector<double> copies(g.size(), 0.0);
+  std::set<std::pair<std::size_t, int>> copied;  // (holder, storage bits)
+  for (std::size_t i : order) {
+    const op& o = g.at(i);
+    const precision p = clamp_precision(o.kind, per_op[i]);
+    const auto holder = g.weights_holder(i);
+    if (holder && storage_bits(p) < 32 && copies_weights(o.kind) &&
+        copied.insert({*holder, storage_bits(p)}).second)
+      copies[i] = g.at(*holder).param_numel * storage_bits(p) / 8.0;
+  }
+  // Each call of shared weights adds its gradient into the holder's: the first backward
+  // of the group (its last call) allocates the gradient, each later one holds its own
+  // contribution in flight while autograd adds it in place.
+  std::set<std::size_t> has_gradient;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const op& o = g.at(*it);
     const precision p = clamp_precision(o.kind, per_op[*it]);
@@ -354,7 +375,10 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
       const auto code = [&](precision q) { return std::max(0.0, o.code_saved_bytes[index_of(q)]); };
       saved += code(*ambient) - code(p);
     }
-    const double copy = storage_bits(p) < 32 && copies_weights(o.kind) ? o.param_numel * width : 0;
+    const double copy = copies[*it];
+    const auto holder = g.weights_holder(*it);
+    const double gradient = holder ? 4.0 * g.at(*holder).trainable_numel() : 0.0;
+    const bool first_of_group = holder && has_gradient.insert(*holder).second;
     // One saved input per op (a matmul's two are both activations): the largest input
     // that arrives at another width, so that producers seen through the code between
     // modules (q, k and v behind attention, feeding o) count as the one input they make.
@@ -379,8 +403,9 @@ inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precis
     const precision code_at =
         ambient && o.code_workspace_bytes[index_of(*ambient)] >= 0 ? *ambient : p;
     const double code_scratch = std::max(0.0, o.code_workspace_bytes[index_of(code_at)]);
-    walk.push_back({saved + copy + casts, 2.0 * o.output_numel * width + scratch, code_scratch,
-                    4.0 * o.trainable_numel()});
+    walk.push_back({saved + copy + casts,
+                    2.0 * o.output_numel * width + scratch + (first_of_group ? 0.0 : gradient),
+                    code_scratch, first_of_group ? gradient : 0.0});
   }
   if (ambient) m.activations -= shared_input_casts(g, per_op, *ambient);
   const double saved_total = m.activations + m.weight_copies + m.cast_copies;

@@ -114,6 +114,12 @@ struct op {
   /// output: that code runs at the plan's ambient precision, so a cast on such an edge
   /// goes through it (see simulator::trace).
   std::vector<std::string> via_code;
+  /// The op holding the parameters this op runs with, when it holds none of its own (a
+  /// module's later call, a language model's head tied to its embedding); empty
+  /// otherwise. It must be one of `inputs`. Autograd accumulates each call's gradient into
+  /// the holder's: the memory model allocates that gradient at the first of the group's
+  /// backwards (the last call) and holds each later one's contribution in flight.
+  std::string weights_from;
   std::vector<precision> allowed;  ///< empty: whatever the device offers
   /// False for an op whose forward makes no autograd node (an identity, a dropout of
   /// p = 0, a view): it does nothing in backward, and its profile has no backward range
@@ -178,6 +184,7 @@ class op_graph {
     }
     producers_.assign(n, {});
     consumers_.assign(n, {});
+    holder_.assign(n, std::nullopt);
     for (std::size_t i = 0; i < n; ++i) {
       for (const auto& in : ops_[i].inputs) {
         auto it = index.find(in);
@@ -188,6 +195,19 @@ class op_graph {
           continue;
         producers_[i].push_back(j);
         consumers_[j].push_back(i);
+      }
+      if (!ops_[i].weights_from.empty()) {
+        const auto& from = ops_[i].weights_from;
+        LOWBIT_EXPECTS(std::find(ops_[i].inputs.begin(), ops_[i].inputs.end(), from) !=
+                           ops_[i].inputs.end(),
+                       "op '" + ops_[i].name + "' takes weights_from '" + from +
+                           "', which is not under its inputs");
+        const op& holder = ops_[index.find(from)->second];
+        LOWBIT_EXPECTS(holder.has_params() && !ops_[i].has_params(),
+                       "op '" + ops_[i].name + "': weights_from names '" + from +
+                           "', but only an op without parameters runs with those of an op "
+                           "holding some");
+        holder_[i] = index.find(from)->second;
       }
       for (const auto& in : ops_[i].via_code) {
         LOWBIT_EXPECTS(
@@ -212,6 +232,12 @@ class op_graph {
   bool via_code(std::size_t i, std::size_t j) const { return via_code_.count({i, j}) != 0; }
   /// Distinct consumers of op `i`.
   const std::vector<std::size_t>& consumers(std::size_t i) const { return consumers_.at(i); }
+  /// The op whose parameters op `i` runs with: `i` itself when it holds some, its
+  /// `weights_from` when it runs with another op's, none for a parameter-free op.
+  std::optional<std::size_t> weights_holder(std::size_t i) const {
+    if (ops_.at(i).has_params()) return i;
+    return holder_.at(i);
+  }
   /// Forward execution order (a topological order).
   const std::vector<std::size_t>& topo_order() const noexcept { return order_; }
   /// Position of op `i` in topo_order() (its depth for the indicator).
@@ -299,6 +325,7 @@ class op_graph {
 
   std::vector<op> ops_;
   std::vector<std::vector<std::size_t>> producers_, consumers_;
+  std::vector<std::optional<std::size_t>> holder_;  ///< weights_from, by index
   /// (consumer, producer) pairs of the edges through code between the ops, by index: the
   /// simulator asks for every edge of every plan it prices.
   std::set<std::pair<std::size_t, std::size_t>> via_code_;

@@ -52,7 +52,9 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 /// A model from JSON:
 /// `{"name", "optimizer_bytes_per_param", "bucket_cap_mb", "first_bucket_mb", "casts",
 ///   "ops": [{"name", "kind", "flops", "bytes", "output_numel", "saved_numel",
-///            "param_numel", "inputs": [...], "via_code": [...], "allowed": ["fp16", ...],
+///            "param_numel", "inputs": [...], "via_code": [...], "weights_from": [op]
+///            (the op whose parameters it runs with, one of its inputs),
+///            "allowed": ["fp16", ...],
 ///            "backward": false (no backward work; default true), "frozen_numel" (of
 ///            param_numel, those without gradients), "stats": {"weight_norm", ...}}],
 ///   "unused_params": {"numel", "names"} (parameters no op takes)}`.
@@ -95,6 +97,13 @@ inline training_model model_from_json(const nlohmann::json& j) {
       o.frozen_numel = detail::number_or(x, "frozen_numel", 0);
       if (x.contains("inputs")) o.inputs = x["inputs"].get<std::vector<std::string>>();
       if (x.contains("via_code")) o.via_code = x["via_code"].get<std::vector<std::string>>();
+      if (x.contains("weights_from")) {  // export.py writes a list of one name
+        const auto& w = x["weights_from"];
+        const auto names = w.is_string() ? std::vector<std::string>{w.get<std::string>()}
+                                         : w.get<std::vector<std::string>>();
+        LOWBIT_EXPECTS(names.size() <= 1, "\"weights_from\" names at most one op");
+        if (!names.empty()) o.weights_from = names.front();
+      }
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
       o.has_backward = x.value("backward", true);
       // Measured bytes per precision: {"fp32": B, "bf16": B}.
