@@ -125,8 +125,9 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     first input and ``weights_from``: it follows the holder's precision (one decision
     per parameter) rather than a graph input's precision, and a uniform plan still wraps
     nothing; lowbit-plan prices from it the autocast copy of those weights and when
-    their gradient is held (memory_bytes). Sets each record's ``param_numel``, ``frozen_numel`` (of those, the ones
-    without requires_grad: weights with no gradient, optimizer state or bucket share)
+    their gradient is held (memory_bytes). Sets each record's ``param_numel``,
+    ``frozen_numel`` (of those, the ones without requires_grad: weights with no
+    gradient, optimizer state or bucket share)
     and ``param_names`` (the parameters' qualified names). Returns the ids of the
     parameters some op took."""
     owner: Dict[int, str] = {}

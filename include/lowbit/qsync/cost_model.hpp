@@ -307,16 +307,17 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// measured at its precision when the model has one, else its storage width (bits/32 of the fp32
 /// size, 16-bit-floor kinds clamped to 16 bits). Autocast keeps a copy of the weights of every
 /// low-precision conv or linear (copies_weights) at that width until backward has used
-/// it (one copy a width of weights several calls share, op::weights_from). An edge cast whose output the consumer saves where the profile shared the input adds
+/// it (one copy a width of weights several calls share, op::weights_from). An edge cast
+/// whose output the consumer saves where the profile shared the input adds
 /// that output (cast_saves_copy; one input per op, two for a matmul). The peak is found by
 /// walking backward (ops in reverse, gradients set to None before the step, as
 /// zero_grad(set_to_none=True) leaves them, and a fused optimizer): at op i the weights,
 /// the optimizer state and `workspace_mib` are held, with the weight gradients of op i and
 /// every op after it (weights several calls share: from the first of their backwards, each
-/// later call's contribution in flight during its own), what op i and the ops before it saved (the later ops' backward has
-/// freed theirs), and op i's incoming and outgoing gradient (twice its output at its width)
-/// and measured transient bytes (op::workspace_bytes); just before op i (its weight
-/// gradient not yet allocated), the same with the transient of the backward of the code
+/// later call's contribution in flight during its own), what op i and the ops before it
+/// saved (the later ops' backward has freed theirs), and op i's incoming and outgoing
+/// gradient (twice its output at its width) and measured transient bytes
+/// (op::workspace_bytes); just before op i (its weight gradient not yet allocated), the same with the transient of the backward of the code
 /// right after op i instead (op::code_workspace_bytes, at the ambient where measured
 /// there: a language model's loss); after the last op, the weights, the
 /// state and every gradient (the optimizer step). The largest of those is the peak; an op's
