@@ -317,8 +317,8 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// later call's contribution in flight during its own), what op i and the ops before it
 /// saved (the later ops' backward has freed theirs), and op i's incoming and outgoing
 /// gradient (twice its output at its width) and measured transient bytes
-/// (op::workspace_bytes); just before op i (its weight gradient not yet allocated), the same with the transient of the backward of the code
-/// right after op i instead (op::code_workspace_bytes, at the ambient where measured
+/// (op::workspace_bytes); just before op i (its weight gradient not yet allocated), the
+/// same with the transient of the backward of the code right after op i instead (op::code_workspace_bytes, at the ambient where measured
 /// there: a language model's loss); after the last op, the weights, the
 /// state and every gradient (the optimizer step). The largest of those is the peak; an op's
 /// forward scratch is taken at the same point (the activations saved after it in forward
