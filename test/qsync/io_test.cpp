@@ -176,9 +176,14 @@ TEST_CASE("model JSON: an op running with another op's weights") {
   REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "emb", "param_numel": 10},
                                          {"name": "head", "weights_from": ["emb"]}]})"),
                       Contains("op 'head' takes weights_from 'emb', which is not under its inputs"));
-  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a"},
-                                         {"name": "b", "inputs": ["a"], "weights_from": ["a"]}]})"),
-                      Contains("only an op without parameters runs with those of an op holding"));
+  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "param_numel": 1}, {"name": "b",
+                                         "param_numel": 1, "inputs": ["a"], "weights_from": ["a"]}]})"),
+                      Contains("op 'b' holds parameters and takes weights_from 'a'"));
+  // A holder without parameters (zero-sized ones) shares nothing.
+  REQUIRE_FALSE(parse(R"({"ops": [{"name": "a"},
+                                   {"name": "b", "inputs": ["a"], "weights_from": ["a"]}]})")
+                    .graph.weights_holder(1)
+                    .has_value());
   REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "param_numel": 1}, {"name": "b",
                                          "inputs": ["a"], "weights_from": ["a", "a"]}]})"),
                       Contains("\"weights_from\" names at most one op"));

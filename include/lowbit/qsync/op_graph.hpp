@@ -202,12 +202,12 @@ class op_graph {
                            ops_[i].inputs.end(),
                        "op '" + ops_[i].name + "' takes weights_from '" + from +
                            "', which is not under its inputs");
-        const op& holder = ops_[index.find(from)->second];
-        LOWBIT_EXPECTS(holder.has_params() && !ops_[i].has_params(),
-                       "op '" + ops_[i].name + "': weights_from names '" + from +
-                           "', but only an op without parameters runs with those of an op "
-                           "holding some");
-        holder_[i] = index.find(from)->second;
+        LOWBIT_EXPECTS(!ops_[i].has_params(),
+                       "op '" + ops_[i].name + "' holds parameters and takes weights_from '" +
+                           from + "': an op runs with its own parameters or with another's");
+        // A holder of no parameters (zero-sized ones) shares nothing: no holder then.
+        const std::size_t h = index.find(from)->second;
+        if (ops_[h].has_params()) holder_[i] = h;
       }
       for (const auto& in : ops_[i].via_code) {
         LOWBIT_EXPECTS(
