@@ -14,7 +14,7 @@ root: python3 docs/results/qsync-zoo-2026-12-06-h100/analysis.py
    expected if samples and timed host times were independent draws from one spread
    (resampled from the two pooled, 200 draws a pair, seed 1), against the one observed."""
 import collections
-import json
+import importlib.util
 import random
 import re
 import statistics as st
@@ -23,19 +23,11 @@ D = "docs/results/qsync-zoo-2026-12-06-h100/"
 BEFORE = "docs/results/qsync-zoo-2026-12-06/"
 PARTS = ("part1", "part2", "rerun")
 
-diffs, pools = [], []
-for part in PARTS:
-    with open(D + part + "-host_times.json") as f:
-        cases = json.load(f)
-    for case, h in cases.items():
-        for p in ("fp32", "fp16", "bf16"):
-            samples = st.median([x for r in h["precisions"][p]["rounds"] for x in r])
-            host = st.median([x for r in h["plans"][p]["host"] for x in r])
-            step = st.median([x for r in h["plans"][p]["times"] for x in r])
-            if host >= 0.9 * step:
-                diffs.append(100.0 * (samples / host - 1.0))
-                pools.append(([x for r in h["precisions"][p]["rounds"] for x in r],
-                              [x for r in h["plans"][p]["host"] for x in r]))
+host_pairs = importlib.util.spec_from_file_location("host_pairs", BEFORE + "host_pairs.py")
+hp = importlib.util.module_from_spec(host_pairs)
+host_pairs.loader.exec_module(hp)
+pools = [(samples, host) for _, _, samples, host in hp.host_bound_pairs(D, PARTS)]
+diffs = [100.0 * (st.median(samples) / st.median(host) - 1.0) for samples, host in pools]
 print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
       "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
       % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),

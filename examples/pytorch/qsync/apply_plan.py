@@ -57,7 +57,7 @@ from typing import Dict
 import torch
 
 from . import fp8
-from .attribution import OpTracker, leaf_modules, map_tensors, quiet_modules
+from .attribution import OpTracker, leaf_modules, map_tensors, quiet_modules, within
 from .export import DTYPES as _AUTOCAST_DTYPES
 from .export import precision_context
 
@@ -193,8 +193,7 @@ class applied_plan:
             o.get("caller", "") for o in self.model_json_ops if o.get("call") == "function"})
 
         def heard(n):  # under a scope, and not in a quiet module
-            return any(s == "" or n.startswith(s + ".") for s in scopes) and \
-                not any(n == q or n.startswith(q + ".") for q in quiet)
+            return any(within(n, s) for s in scopes) and not any(within(n, q) for q in quiet)
 
         under = {n for n, _ in leaf_modules(self.model) if heard(n)}
         if hooked:

@@ -102,6 +102,12 @@ def leaf_modules(model: torch.nn.Module):
     return [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
 
 
+def within(name: str, module: str) -> bool:
+    """True when the module called `name` is `module` or lies under it ("" is the root,
+    which holds every module)."""
+    return module == "" or name == module or name.startswith(module + ".")
+
+
 def quiet_modules(model: torch.nn.Module, scopes: set, callers: set) -> set:
     """The largest modules under the ``scopes`` (module names) whose code, their
     children's included, calls no function op: no name in ``callers`` (the modules that
@@ -109,7 +115,7 @@ def quiet_modules(model: torch.nn.Module, scopes: set, callers: set) -> set:
     can rest while they run. Containers that are never called (ModuleList, ModuleDict)
     are looked into instead: their entries are the modules that run."""
     def calls_functions(name):
-        return any(c == name or c.startswith(name + ".") for c in callers)
+        return any(within(c, name) for c in callers)
 
     modules = dict(model.named_modules())
     out: set = set()
