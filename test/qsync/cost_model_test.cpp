@@ -396,7 +396,8 @@ TEST_CASE("memory: weights several calls share get one gradient, early, and one 
   op own = head;
   own.weights_from.clear();
   own.param_numel = 10000;
-  const memory_breakdown untied = memory_bytes(op_graph({emb, mid, own}), std::vector<P>(3, P::fp32), 8);
+  const memory_breakdown untied =
+      memory_bytes(op_graph({emb, mid, own}), std::vector<P>(3, P::fp32), 8);
   REQUIRE(untied.total() == untied.weights + untied.optimizer + 4 * 20010 + 80);
   // At fp16 autocast copies the shared weights once, for head (embeddings are not cast).
   const memory_breakdown m16 = memory_bytes(g, std::vector<P>(3, P::fp16), 8);

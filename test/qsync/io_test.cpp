@@ -173,9 +173,10 @@ TEST_CASE("model JSON: an op running with another op's weights") {
   REQUIRE(m.graph.weights_holder(1) == std::optional<std::size_t>(0));
   REQUIRE(m.graph.weights_holder(0) == std::optional<std::size_t>(0));
   auto parse = [](const char* text) { return model_from_json(json::parse(text)); };
-  REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "emb", "param_numel": 10},
+  REQUIRE_THROWS_WITH(
+      parse(R"({"ops": [{"name": "emb", "param_numel": 10},
                                          {"name": "head", "weights_from": ["emb"]}]})"),
-                      Contains("op 'head' takes weights_from 'emb', which is not under its inputs"));
+      Contains("op 'head' takes weights_from 'emb', which is not under its inputs"));
   REQUIRE_THROWS_WITH(parse(R"({"ops": [{"name": "a", "param_numel": 1}, {"name": "b",
                                          "param_numel": 1, "inputs": ["a"], "weights_from": ["a"]}]})"),
                       Contains("op 'b' holds parameters and takes weights_from 'a'"));

@@ -318,16 +318,16 @@ inline double shared_input_casts(const op_graph& g, const std::vector<precision>
 /// saved (the later ops' backward has freed theirs), and op i's incoming and outgoing
 /// gradient (twice its output at its width) and measured transient bytes
 /// (op::workspace_bytes); just before op i (its weight gradient not yet allocated), the
-/// same with the transient of the backward of the code right after op i instead (op::code_workspace_bytes, at the ambient where measured
-/// there: a language model's loss); after the last op, the weights, the
-/// state and every gradient (the optimizer step). The largest of those is the peak; an op's
-/// forward scratch is taken at the same point (the activations saved after it in forward
-/// are those freed before it in backward). With `ambient` (the cast_rule::ambient of
-/// lowbit's plan applier) an input through code between the ops (op::via_code) arrives at the
-/// ambient precision, whatever its producer ran at: it is a copy only where the op runs at another
-/// width than the ambient one; what that code saved after an op (op::code_saved_bytes) is taken at
-/// the ambient precision; and autocast's per-consumer casts of an input, which the applier makes
-/// one shared copy, count once (shared_input_casts).
+/// same with the transient of the backward of the code right after op i instead
+/// (op::code_workspace_bytes, at the ambient where measured there: a language model's loss); after
+/// the last op, the weights, the state and every gradient (the optimizer step). The largest of
+/// those is the peak; an op's forward scratch is taken at the same point (the activations saved
+/// after it in forward are those freed before it in backward). With `ambient` (the
+/// cast_rule::ambient of lowbit's plan applier) an input through code between the ops
+/// (op::via_code) arrives at the ambient precision, whatever its producer ran at: it is a copy only
+/// where the op runs at another width than the ambient one; what that code saved after an op
+/// (op::code_saved_bytes) is taken at the ambient precision; and autocast's per-consumer casts of
+/// an input, which the applier makes one shared copy, count once (shared_input_casts).
 inline memory_breakdown memory_bytes(const op_graph& g, const std::vector<precision>& per_op,
                                      double optimizer_bytes_per_param, double workspace_mib = 0.0,
                                      std::optional<precision> ambient = std::nullopt,

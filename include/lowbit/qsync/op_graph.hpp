@@ -198,10 +198,10 @@ class op_graph {
       }
       if (!ops_[i].weights_from.empty()) {
         const auto& from = ops_[i].weights_from;
-        LOWBIT_EXPECTS(std::find(ops_[i].inputs.begin(), ops_[i].inputs.end(), from) !=
-                           ops_[i].inputs.end(),
-                       "op '" + ops_[i].name + "' takes weights_from '" + from +
-                           "', which is not under its inputs");
+        LOWBIT_EXPECTS(
+            std::find(ops_[i].inputs.begin(), ops_[i].inputs.end(), from) != ops_[i].inputs.end(),
+            "op '" + ops_[i].name + "' takes weights_from '" + from +
+                "', which is not under its inputs");
         LOWBIT_EXPECTS(!ops_[i].has_params(),
                        "op '" + ops_[i].name + "' holds parameters and takes weights_from '" +
                            from + "': an op runs with its own parameters or with another's");
