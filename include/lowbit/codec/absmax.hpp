@@ -102,6 +102,55 @@ struct absmax {
   static constexpr std::uint32_t level_bits = 0x4a800001u;  // 2^22 + 1/2
   static constexpr float level_base = 4194304.0f + static_cast<float>(half_levels);
 
+  /// The same construction for a code left where it lies in a packed word, at bits
+  /// [K, K + Bits) with 1 <= K and K + Bits <= 23, so that a decoder needs no shift to
+  /// bring it to bit 1: the float with bits level_bits_at<K> | (word & code_mask << K) has
+  /// the exponent of 2^(23-K), whose mantissa bit K weighs 1 and bit K - 1 (set in
+  /// level_bits_at) weighs 1/2, and the code's bits lie inside the mantissa: it is
+  /// 2^(23-K) + code + 1/2. level_base_at<K> = 2^(23-K) + half_levels is a float (an
+  /// integer below 2^(24-K), a multiple of its ulp 2^-K), both lie in [2^(23-K), 2^(24-K))
+  /// (code + 1/2 and half_levels are below 2^(Bits) <= 2^(23-K)), so their difference is
+  /// exact (Sterbenz): q + 1/2, the value level_bits and level_base give (K = 1 is they).
+  static constexpr std::uint32_t code_mask = (1u << Bits) - 1u;
+  template <int K>
+  static constexpr std::uint32_t level_bits_at =
+      (static_cast<std::uint32_t>(150 - K) << 23) | (1u << (K - 1));
+  template <int K>
+  static constexpr float level_base_at =
+      static_cast<float>(1u << (23 - K)) + static_cast<float>(half_levels);
+
+  /// How a decoder takes a packed word's codes with level_at (widths dividing 32): in
+  /// chunks of `level_chunk_codes` consecutive codes, each chunk's word shifted once (right
+  /// by level_chunk_shift(j) for the chunk of code j of the word; a negative shift is to the
+  /// left) so that its m-th code lies at bit level_chunk_place(m). More codes a chunk
+  /// means fewer shifts and more level constants (a register each on the GPU): at most 4,
+  /// and a chunk must fit below the mantissa's top (its place + its span <= 23). A chunk
+  /// is put at its own place when that fits (the word's second chunk then needs no shift),
+  /// else at bit 1 (one place up, as level_bits has it).
+  static constexpr int level_codes_per_word = 32 / Bits;
+  static constexpr int level_chunk_codes = [] {
+    int n = 1;
+    while (2 * n <= 4 && 2 * n <= level_codes_per_word && 2 * n * Bits <= 22) n *= 2;
+    return n;
+  }();
+  static constexpr int level_chunk_first_bit =
+      2 * level_chunk_codes * Bits <= 23 ? level_chunk_codes * Bits : 1;
+  LOWBIT_HD static constexpr int level_chunk_place(int m) { return level_chunk_first_bit + m * Bits; }
+  LOWBIT_HD static constexpr int level_chunk_shift(int j) {
+    return Bits * (j - j % level_chunk_codes) - level_chunk_first_bit;
+  }
+
+  /// q + 1/2 of the full grid's code at bits [K, K + Bits) of `word` (see level_bits_at):
+  /// the same float as fsub(bits_float(level_bits | code << 1), level_base).
+  template <int K>
+  LOWBIT_HD static float level_at(std::uint32_t word) {
+    static_assert(!zero_grid, "lowbit::quant::absmax::level_at: the full grid's construction");
+    static_assert(K >= 1 && K + Bits <= 23,
+                  "lowbit::quant::absmax::level_at: the code must lie in the mantissa above bit 0");
+    return detail::fsub(detail::bits_float(level_bits_at<K> | (word & (code_mask << K))),
+                        level_base_at<K>);
+  }
+
   /// True when the outermost level of `step`, levels * step, rounds to inf.
   LOWBIT_HD static bool outer_level_overflows(float step) {
     return !(detail::fmul(step, levels) <= FLT_MAX);

@@ -1,0 +1,124 @@
+// The full grid's level constructions that the decode kernels use, replayed on the host
+// against Quantizer::dequantize: the level of a code left in place in its packed word
+// (absmax::level_at, with the chunking of for_each_level).
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "lowbit/codec/codec.hpp"
+#include "lowbit/core/float_ops.hpp"
+#include "test_random.hpp"
+
+using namespace lowbit;
+using lowbit::detail::bits_float;
+using lowbit::detail::float_bits;
+
+namespace {
+
+/// q + 1/2 of `code` as dequantize forms it (its level before the product by the step).
+template <class Q>
+float reference_level(std::uint32_t code) {
+  return lowbit::detail::fsub(bits_float(Q::level_bits | (code << 1)), Q::level_base);
+}
+
+/// level_at<K> for K = Ks..., every code, the word's other bits random.
+template <class Q, int... Ks>
+void check_places(std::integer_sequence<int, Ks...>) {
+  auto g = test::rng(Q::bits);
+  (
+      [&] {
+        constexpr int K = Ks + 1;
+        for (std::uint32_t code = 0; code < (1u << Q::bits); ++code) {
+          const float ref = reference_level<Q>(code);
+          if (ref != static_cast<float>(static_cast<int>(code) - Q::half_levels) + 0.5f)
+            FAIL("bits " << Q::bits << " code " << code << ": the reference level is not q + 1/2");
+          for (int r = 0; r < (Q::bits <= 8 ? 16 : 1); ++r) {
+            const std::uint32_t noise = static_cast<std::uint32_t>(g()) & ~(Q::code_mask << K);
+            const std::uint32_t word = noise | (code << K);
+            if (float_bits(Q::template level_at<K>(word)) != float_bits(ref)) {
+              INFO("bits " << Q::bits << " K " << K << " code " << code << " word " << word);
+              REQUIRE(float_bits(Q::template level_at<K>(word)) == float_bits(ref));
+            }
+          }
+        }
+      }(),
+      ...);
+}
+
+template <int Bits>
+void check_places_of_width() {
+  using Q = quant::absmax<Bits>;
+  check_places<Q>(std::make_integer_sequence<int, 23 - Bits>{});  // K = 1 .. 23 - Bits
+}
+
+/// The decoder's walk (for_each_level in kernels/detail/group_decoder.cuh): code i of a
+/// group taken from its word shifted by level_chunk_shift, at level_chunk_place.
+template <class Q>
+float chunked_level(const std::uint32_t* w, int i) {
+  const std::uint32_t word = w[i / Q::level_codes_per_word];
+  const int j = i % Q::level_codes_per_word;
+  const int shift = Q::level_chunk_shift(j);
+  const std::uint32_t x = shift == 0 ? word : shift > 0 ? word >> shift : word << -shift;
+  switch (j % Q::level_chunk_codes) {
+    case 0:
+      return Q::template level_at<Q::level_chunk_place(0)>(x);
+    case 1:
+      if constexpr (Q::level_chunk_codes > 1) return Q::template level_at<Q::level_chunk_place(1)>(x);
+      break;
+    case 2:
+      if constexpr (Q::level_chunk_codes > 2) return Q::template level_at<Q::level_chunk_place(2)>(x);
+      break;
+    case 3:
+      if constexpr (Q::level_chunk_codes > 3) return Q::template level_at<Q::level_chunk_place(3)>(x);
+      break;
+  }
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+template <int Bits>
+void check_chunked_groups() {
+  using Q = quant::absmax<Bits>;
+  using C = codec<Q>;
+  STATIC_REQUIRE(Q::level_chunk_codes >= 1);
+  STATIC_REQUIRE(Q::level_chunk_codes <= 4);
+  STATIC_REQUIRE(Q::level_chunk_place(0) >= 1);
+  STATIC_REQUIRE(Q::level_chunk_place(Q::level_chunk_codes - 1) + Bits <= 23);
+  auto g = test::rng(100 + Bits);
+  for (int r = 0; r < 20000; ++r) {
+    std::uint32_t w[Bits];
+    for (auto& x : w) x = static_cast<std::uint32_t>(g());
+    if (r < 2) for (auto& x : w) x = r == 0 ? 0u : ~0u;
+    std::uint32_t codes[32];
+    C::unpack(w, codes);
+    for (int i = 0; i < 32; ++i) {
+      if (float_bits(chunked_level<Q>(w, i)) != float_bits(reference_level<Q>(codes[i]))) {
+        INFO("bits " << Bits << " i " << i << " code " << codes[i]);
+        REQUIRE(float_bits(chunked_level<Q>(w, i)) == float_bits(reference_level<Q>(codes[i])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("absmax::level_at gives the level of a code at every place in a word") {
+  check_places_of_width<1>();
+  check_places_of_width<2>();
+  check_places_of_width<3>();
+  check_places_of_width<4>();
+  check_places_of_width<5>();
+  check_places_of_width<8>();
+  check_places_of_width<11>();
+  check_places_of_width<16>();
+}
+
+TEST_CASE("the decoders' chunked walk gives dequantize's level of every code of a group") {
+  check_chunked_groups<1>();
+  check_chunked_groups<2>();
+  check_chunked_groups<4>();
+  check_chunked_groups<8>();
+  check_chunked_groups<16>();
+}
