@@ -1,12 +1,15 @@
 // The full grid's level constructions that the decode kernels use, replayed on the host
 // against Quantizer::dequantize: the level of a code left in place in its packed word
-// (absmax::level_at, with the chunking of for_each_level).
+// (absmax::level_at, with the chunking of for_each_level), and a sum's first frame as one
+// fused multiply-add (absmax::first_sum where first_sum_fusable).
 #include <catch2/catch.hpp>
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/core/float_ops.hpp"
@@ -102,6 +105,66 @@ void check_chunked_groups() {
   }
 }
 
+std::vector<float> steps_to_try() {
+  std::vector<float> s = {0.0f,
+                          -0.0f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          bits_float(0x7fc12345u),
+                          bits_float(0xffc00001u),
+                          FLT_MAX,
+                          -FLT_MAX,
+                          FLT_MIN,
+                          std::numeric_limits<float>::denorm_min(),
+                          quant::absmax<4>::first_sum_min_step,
+                          -quant::absmax<4>::first_sum_min_step};
+  for (std::uint32_t u = 1; u < 64; ++u) {  // the smallest subnormals, and near the bounds
+    s.push_back(bits_float(u));
+    s.push_back(bits_float(0x7f7fffffu - u));
+    s.push_back(bits_float(0x02000000u + u - 32));  // around 2^-124
+    s.push_back(bits_float(0x00800000u + u - 32));  // around FLT_MIN
+  }
+  for (int e = -149; e <= 127; ++e) {
+    const float p = std::ldexp(1.0f, e);
+    s.push_back(p);
+    s.push_back(lowbit::detail::float_below(p));
+    s.push_back(lowbit::detail::float_above(p));
+  }
+  auto g = test::rng(7);
+  for (int r = 0; r < 20000; ++r) s.push_back(bits_float(static_cast<std::uint32_t>(g())));
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n; ++i) s.push_back(-s[i]);
+  return s;
+}
+
+template <int Bits>
+void check_first_sums(const std::vector<float>& steps) {
+  using Q = quant::absmax<Bits>;
+  std::uint32_t codes = 1u << Bits;
+  const std::uint32_t stride = codes > 4096 ? 7 : 1;  // 16 bits: every 7th code, and the ends
+  for (float step : steps) {
+    if (!Q::first_sum_fusable(step)) {
+      const float a = std::fabs(step);
+      if (!(a > 0.0f && a < Q::first_sum_min_step)) FAIL("step " << step << " excluded needlessly");
+      continue;
+    }
+    for (std::uint32_t code = 0; code < codes; code += (code + stride < codes ? stride : 1)) {
+      const float l = reference_level<Q>(code);
+      // The host's sum of one frame: acc = 0.0f, then acc + dequantize(code).
+      const float ref = lowbit::detail::fadd(0.0f, Q::dequantize(code, {step}));
+      const float got = Q::first_sum(l, step);
+      const bool same = std::isnan(ref) ? std::isnan(got) : float_bits(got) == float_bits(ref);
+      if (!same) {
+        INFO("bits " << Bits << " code " << code << " step " << step << " step bits "
+                     << float_bits(step) << " got " << float_bits(got) << " want "
+                     << float_bits(ref));
+        FAIL("the fused first frame differs from the host's sum");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("absmax::level_at gives the level of a code at every place in a word") {
@@ -121,4 +184,31 @@ TEST_CASE("the decoders' chunked walk gives dequantize's level of every code of 
   check_chunked_groups<4>();
   check_chunked_groups<8>();
   check_chunked_groups<16>();
+}
+
+TEST_CASE("a sum's first frame as one fused multiply-add has the host's bits where fusable") {
+  const auto steps = steps_to_try();
+  check_first_sums<1>(steps);
+  check_first_sums<2>(steps);
+  check_first_sums<3>(steps);
+  check_first_sums<4>(steps);
+  check_first_sums<8>(steps);
+  check_first_sums<16>(steps);
+}
+
+TEST_CASE("the first-frame fusion is not bit-exact for the steps it excludes") {
+  // -1/2 times the smallest subnormal rounds to -0: the host's 0 + (-0) is +0, the fused
+  // multiply-add keeps -0. first_sum_fusable must exclude it.
+  using Q = quant::absmax<4>;
+  const float step = std::numeric_limits<float>::denorm_min();
+  const float l = -0.5f;
+  REQUIRE(float_bits(Q::first_sum(l, step)) == 0x80000000u);
+  REQUIRE(float_bits(lowbit::detail::fadd(0.0f, lowbit::detail::fmul(l, step))) == 0u);
+  REQUIRE_FALSE(Q::first_sum_fusable(step));
+  REQUIRE_FALSE(Q::first_sum_fusable(-step));
+  REQUIRE(Q::first_sum_fusable(0.0f));
+  REQUIRE(Q::first_sum_fusable(-0.0f));
+  REQUIRE(Q::first_sum_fusable(std::numeric_limits<float>::quiet_NaN()));
+  REQUIRE(Q::first_sum_fusable(Q::first_sum_min_step));
+  REQUIRE_FALSE(Q::first_sum_fusable(lowbit::detail::float_below(Q::first_sum_min_step)));
 }

@@ -151,6 +151,29 @@ struct absmax {
                         level_base_at<K>);
   }
 
+  /// First-frame sums. A sum of frames starts from 0.0f: acc = fadd(0.0f, fmul(l, step)) for
+  /// the first frame's level l = q + 1/2. ffma(l, step, 0.0f) gives the same bits whenever
+  /// first_sum_fusable(step), and saves the addition:
+  ///  - l * step nonzero and not rounding to zero: both round the same real product once,
+  ///    and adding 0 to a nonzero float leaves it;
+  ///  - l * step an exact zero (step +-0; l is never 0): fmul gives a zero signed as the
+  ///    product, fadd(0.0f, +-0) is +0, and the exact sum l * step + 0 of two zeros is +0
+  ///    in round-to-nearest (signs differ, or both +0) -- the same +0;
+  ///  - inf or nan step: l * step is +-inf (then both give it) or nan (both nan).
+  /// What remains is a nonzero product that rounds to zero: fmul gives -0 for a negative
+  /// one, which fadd turns into +0, while the fused form keeps the exact sum's sign, -0.
+  /// With |l| >= 1/2 that needs |step| <= 2^-149 (the smallest subnormal), and a device
+  /// flushing subnormal results (-ftz) also flushes products below 2^-126, which needs
+  /// |step| < 2^-125; steps of magnitude in (0, 2^-124) are excluded for both, with margin.
+  static constexpr float first_sum_min_step = 0x1p-124f;
+  LOWBIT_HD static bool first_sum_fusable(float step) {
+    const float a = detail::abs_f(step);
+    return a == 0.0f || !(a < first_sum_min_step);  // nan: fusable (both give nan)
+  }
+  LOWBIT_HD static float first_sum(float level, float step) {
+    return detail::ffma(level, step, 0.0f);
+  }
+
   /// True when the outermost level of `step`, levels * step, rounds to inf.
   LOWBIT_HD static bool outer_level_overflows(float step) {
     return !(detail::fmul(step, levels) <= FLT_MAX);

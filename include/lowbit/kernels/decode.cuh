@@ -59,6 +59,9 @@ struct packed_group {
   __device__ __forceinline__ void decode(float (&y)[32]) const {
     for_each_value<Codec>(words, meta, [&](int i, float v) { y[i] = v; });
   }
+  /// y[i] = 0.0f + value i, in fp32: a sum's first frame, as the host's acc = 0 followed by
+  /// its decode_accumulate step (start_sum: no add a value where the step allows).
+  __device__ __forceinline__ void start(float (&y)[32]) const { start_sum<Codec>(words, meta, y); }
   /// y[i] += value i, in fp32 (the host's decode_accumulate step).
   __device__ __forceinline__ void accumulate(float (&y)[32]) const {
     for_each_value<Codec>(words, meta,
@@ -115,9 +118,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
       if (sum && num_frames > 1) {
         packed_group<Codec> next;
         if constexpr (prefetch) next.load(frame + frame_stride, codes_offset, t.group);
-        cur.decode(y);
-        LOWBIT_UNROLL
-        for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
+        cur.start(y);
         for (int p = 1; p < num_frames; ++p) {
           const std::byte* following = frame + static_cast<std::size_t>(p + 1) * frame_stride;
           if constexpr (prefetch) {
@@ -129,10 +130,10 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
           cur.accumulate(y);
         }
       } else {
-        cur.decode(y);
         if (sum) {
-          LOWBIT_UNROLL
-          for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
+          cur.start(y);
+        } else {
+          cur.decode(y);
         }
       }
       LOWBIT_UNROLL

@@ -92,4 +92,21 @@ __device__ __forceinline__ void for_each_value(const std::uint32_t (&w)[Codec::b
   }
 }
 
+/// y[i] = fadd(0.0f, value i): the start of a sum of frames (the host's acc = 0, then
+/// acc + value). On the full grid, one fused multiply-add with 0 a value where the step
+/// allows it (absmax::first_sum_fusable, nearly always), in place of a multiply and an add.
+template <class Codec>
+__device__ __forceinline__ void start_sum(const std::uint32_t (&w)[Codec::bits],
+                                          const typename Codec::meta_type& m, float (&y)[32]) {
+  if constexpr (fused_levels_v<Codec>) {
+    using Q = typename Codec::quantizer_type;
+    const float step = m.step;
+    if (Q::first_sum_fusable(step)) {
+      for_each_level<Codec>(w, [&](int i, float l) { y[i] = Q::first_sum(l, step); });
+      return;
+    }
+  }
+  for_each_value<Codec>(w, m, [&](int i, float v) { y[i] = lowbit::detail::fadd(0.0f, v); });
+}
+
 }  // namespace lowbit::kernels::detail
