@@ -10,6 +10,7 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/kernels/detail/frame_io.cuh"
+#include "lowbit/kernels/detail/group_decoder.cuh"
 #include "lowbit/kernels/detail/lane_layout.cuh"
 
 namespace lowbit::kernels::detail {
@@ -199,12 +200,12 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
     }
   }
   if (decode_back) {
-    if (valid < G) {
-      LOWBIT_UNROLL
-      for (int i = 0; i < G; ++i)
-        if (i >= valid) codes[i] = 0u;
-    }
-    Codec::dequantize_group(codes, meta, c);
+    // From the words just stored (whose codes past `valid` are cleared to 0), not from
+    // `codes`: kept for this branch, the codes were each a value of its own before the pack
+    // (the offset of every code added one by one, 32 adds a group on every path), and the
+    // pack's one-constant-a-word folding was lost. for_each_value is
+    // dequantize_group(unpack(words)) bit for bit.
+    for_each_value<Codec>(words, meta, [&](int i, float v) { c[i] = v; });
   }
 }
 
