@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -31,6 +32,7 @@ float reference_level(std::uint32_t code) {
 template <class Q, int... Ks>
 void check_places(std::integer_sequence<int, Ks...>) {
   auto g = test::rng(Q::bits);
+  std::size_t checked = 0;  // a mismatch fails at once, with its inputs
   (
       [&] {
         constexpr int K = Ks + 1;
@@ -45,10 +47,12 @@ void check_places(std::integer_sequence<int, Ks...>) {
               INFO("bits " << Q::bits << " K " << K << " code " << code << " word " << word);
               REQUIRE(float_bits(Q::template level_at<K>(word)) == float_bits(ref));
             }
+            ++checked;
           }
         }
       }(),
       ...);
+  REQUIRE(checked == sizeof...(Ks) * (std::size_t{1} << Q::bits) * (Q::bits <= 8 ? 16 : 1));
 }
 
 template <int Bits>
@@ -141,12 +145,14 @@ std::vector<float> steps_to_try() {
 template <int Bits>
 void check_first_sums(const std::vector<float>& steps) {
   using Q = quant::absmax<Bits>;
+  std::size_t fused = 0, excluded = 0;  // a mismatch fails at once, with its inputs
   std::uint32_t codes = 1u << Bits;
   const std::uint32_t stride = codes > 4096 ? 7 : 1;  // 16 bits: every 7th code, and the ends
   for (float step : steps) {
     if (!Q::first_sum_fusable(step)) {
       const float a = std::fabs(step);
       if (!(a > 0.0f && a < Q::first_sum_min_step)) FAIL("step " << step << " excluded needlessly");
+      ++excluded;
       continue;
     }
     for (std::uint32_t code = 0; code < codes; code += (code + stride < codes ? stride : 1)) {
@@ -161,8 +167,11 @@ void check_first_sums(const std::vector<float>& steps) {
                      << float_bits(ref));
         FAIL("the fused first frame differs from the host's sum");
       }
+      ++fused;
     }
   }
+  REQUIRE(fused > 0);
+  REQUIRE(excluded > 0);  // the subnormal steps of steps_to_try
 }
 
 }  // namespace
