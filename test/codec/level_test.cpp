@@ -73,13 +73,16 @@ float chunked_level(const std::uint32_t* w, int i) {
     case 0:
       return Q::template level_at<Q::level_chunk_place(0)>(x);
     case 1:
-      if constexpr (Q::level_chunk_codes > 1) return Q::template level_at<Q::level_chunk_place(1)>(x);
+      if constexpr (Q::level_chunk_codes > 1)
+        return Q::template level_at<Q::level_chunk_place(1)>(x);
       break;
     case 2:
-      if constexpr (Q::level_chunk_codes > 2) return Q::template level_at<Q::level_chunk_place(2)>(x);
+      if constexpr (Q::level_chunk_codes > 2)
+        return Q::template level_at<Q::level_chunk_place(2)>(x);
       break;
     case 3:
-      if constexpr (Q::level_chunk_codes > 3) return Q::template level_at<Q::level_chunk_place(3)>(x);
+      if constexpr (Q::level_chunk_codes > 3)
+        return Q::template level_at<Q::level_chunk_place(3)>(x);
       break;
   }
   return std::numeric_limits<float>::quiet_NaN();
@@ -97,7 +100,8 @@ void check_chunked_groups() {
   for (int r = 0; r < 20000; ++r) {
     std::uint32_t w[Bits];
     for (auto& x : w) x = static_cast<std::uint32_t>(g());
-    if (r < 2) for (auto& x : w) x = r == 0 ? 0u : ~0u;
+    if (r < 2)
+      for (auto& x : w) x = r == 0 ? 0u : ~0u;
     std::uint32_t codes[32];
     C::unpack(w, codes);
     for (int i = 0; i < 32; ++i) {

@@ -113,11 +113,11 @@ struct absmax {
   /// exact (Sterbenz): q + 1/2, the value level_bits and level_base give (K = 1 is they).
   static constexpr std::uint32_t code_mask = (1u << Bits) - 1u;
   template <int K>
-  static constexpr std::uint32_t level_bits_at =
-      (static_cast<std::uint32_t>(150 - K) << 23) | (1u << (K - 1));
+  static constexpr std::uint32_t level_bits_at = (static_cast<std::uint32_t>(150 - K) << 23) |
+                                                 (1u << (K - 1));
   template <int K>
-  static constexpr float level_base_at =
-      static_cast<float>(1u << (23 - K)) + static_cast<float>(half_levels);
+  static constexpr float level_base_at = static_cast<float>(1u << (23 - K)) +
+                                         static_cast<float>(half_levels);
 
   /// How a decoder takes a packed word's codes with level_at (widths dividing 32): in
   /// chunks of `level_chunk_codes` consecutive codes, each chunk's word shifted once (right
@@ -135,7 +135,9 @@ struct absmax {
   }();
   static constexpr int level_chunk_first_bit =
       2 * level_chunk_codes * Bits <= 23 ? level_chunk_codes * Bits : 1;
-  LOWBIT_HD static constexpr int level_chunk_place(int m) { return level_chunk_first_bit + m * Bits; }
+  LOWBIT_HD static constexpr int level_chunk_place(int m) {
+    return level_chunk_first_bit + m * Bits;
+  }
   LOWBIT_HD static constexpr int level_chunk_shift(int j) {
     return Bits * (j - j % level_chunk_codes) - level_chunk_first_bit;
   }

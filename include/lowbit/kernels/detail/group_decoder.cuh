@@ -37,11 +37,11 @@ __device__ __forceinline__ std::uint32_t and_or(std::uint32_t x, std::uint32_t k
 /// (absmax::level_at; the value is l * step), bit for bit
 /// fsub(bits_float(level_bits | Codec::unpack(w)[i] << 1), level_base).
 ///
-/// A code chunk (absmax::level_chunk_codes) is the word shifted once so that its codes
-/// sit where level_at takes them; each code of it is then one LOP3 (the word masked to the code's bits, or-ed
-/// with the level constant of its place, held in a register) and one subtraction of its
-/// place's base (an immediate). 4 bits: 8 LOP3s and 2 shifts a word, where one shift
-/// and one LOP3 a code took 16.
+/// A code chunk (absmax::level_chunk_codes) is the word shifted once so that its codes sit
+/// where level_at takes them; each code of it is then one LOP3 (the word masked to the
+/// code's bits, or-ed with the level constant of its place, held in a register) and one
+/// subtraction of its place's base (an immediate). 4 bits: 8 LOP3s and 2 shifts a word,
+/// where one shift and one LOP3 a code took 16.
 template <class Codec, class F>
 __device__ __forceinline__ void for_each_level(const std::uint32_t (&w)[Codec::bits], F&& f) {
   static_assert(fused_levels_v<Codec>, "for_each_level: the full grid, 32 % bits == 0");
@@ -54,15 +54,14 @@ __device__ __forceinline__ void for_each_level(const std::uint32_t (&w)[Codec::b
     const std::uint32_t x = shift == 0 ? word : shift > 0 ? word >> shift : word << -shift;
     // K = level_chunk_place(m), as a constant expression of the unrolled index.
     switch (j % Q::level_chunk_codes) {
-#define LOWBIT_LEVEL_CASE(M)                                                             \
-  case M:                                                                                \
-    if constexpr (M < Q::level_chunk_codes) {                                            \
-      constexpr int K = Q::level_chunk_place(M);                                         \
-      f(i, lowbit::detail::fsub(                                                         \
-               lowbit::detail::bits_float(                                               \
-                   and_or<(Q::code_mask << K)>(x, Q::template level_bits_at<K>)),         \
-               Q::template level_base_at<K>));                                           \
-    }                                                                                    \
+#define LOWBIT_LEVEL_CASE(M)                                                                       \
+  case M:                                                                                          \
+    if constexpr (M < Q::level_chunk_codes) {                                                      \
+      constexpr int K = Q::level_chunk_place(M);                                                   \
+      f(i, lowbit::detail::fsub(lowbit::detail::bits_float(                                        \
+                                    and_or<(Q::code_mask << K)>(x, Q::template level_bits_at<K>)), \
+                                Q::template level_base_at<K>));                                    \
+    }                                                                                              \
     break;
       LOWBIT_LEVEL_CASE(0)
       LOWBIT_LEVEL_CASE(1)
