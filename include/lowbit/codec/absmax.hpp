@@ -224,6 +224,24 @@ struct absmax {
            offset;
   }
 
+  /// quantize with the code left at bits [16, 32) and bits [0, 16) not the code's
+  /// (quantize_high(x, p, noise) >> 16 == quantize(x, p, noise)), for a rounding with
+  /// `index_high` (round::stochastic): what pack::pack_group_high takes.
+  template <class Rounding>
+  LOWBIT_HD static std::uint32_t quantize_high(float x, const params_type& p, std::uint32_t noise) {
+    static_assert(round::has_index_high_v<Rounding>,
+                  "lowbit::quant::absmax::quantize_high: the rounding must have index_high");
+    constexpr float shift = zero_grid ? 0.0f : -0.5f;
+    constexpr auto offset = static_cast<std::uint32_t>(qmin + half_levels) << 16;
+    if (p.divide)
+      return round::to_grid_high<Rounding, qmin, qmax>(detail::fdiv(x, p.meta.step), shift,
+                                                       noise) +
+             offset;
+    return round::to_grid_in_range_high<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step),
+                                                              shift, noise) +
+           offset;
+  }
+
   /// The value code stands for.
   ///
   /// The level's position q (+ 1/2 on the full grid) is formed exactly without an

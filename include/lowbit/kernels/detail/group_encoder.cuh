@@ -40,6 +40,24 @@ __device__ __forceinline__ void quantize_all(const float (&c)[32],
   Codec::quantize_group(c, 32, p, key, index, codes);
 }
 
+/// quantize_all for a codec with high_codes: Codec::quantize_group_high, the codes left at
+/// bits [16, 32) for pack::pack_group_high.
+template <class Codec>
+__device__ __forceinline__ void quantize_all_high(const float (&c)[32],
+                                                  const typename Codec::params_type& p,
+                                                  const rng_key& key, std::uint64_t index,
+                                                  std::uint32_t (&raw)[32]) {
+  if constexpr (has_divide_flag<typename Codec::params_type>::value) {
+    if (!p.divide) {
+      typename Codec::params_type q = p;
+      q.divide = false;
+      Codec::quantize_group_high(c, 32, q, key, index, raw);
+      return;
+    }
+  }
+  Codec::quantize_group_high(c, 32, p, key, index, raw);
+}
+
 /// The block statistics by the host's own code: block_stats::add over the lane's
 /// values, then an ordered merge across the block's lanes. Bit for bit the host's left
 /// fold, whatever the values; the fast paths below fall back to it.
@@ -173,10 +191,20 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
   const quant::block_stats stats = block_statistics<quantizer, Layout>(c, valid, lane);
   const auto meta = quantizer::make_meta(stats);
   const auto params = quantizer::make_params(meta);
+  // codes[i] is code i, or with Codec::high_codes (stochastic rounding) code i at bits
+  // [16, 32) and bits [0, 16) not the code's: pack_group_high takes the codes from there
+  // with byte permutes (bf16 4-bit stochastic encode, the quantize and pack of a tile:
+  // see docs/design.md), where moving each to bit 0 and into its place cost a shift, a mask
+  // and an add a code.
   std::uint32_t codes[G];
-  quantize_all<Codec>(c, params, key, index, codes);
   std::uint32_t words[Codec::bits];
-  Codec::pack(codes, words);
+  if constexpr (Codec::high_codes) {
+    quantize_all_high<Codec>(c, params, key, index, codes);
+    pack::pack_group_high<Codec::bits>(codes, words);
+  } else {
+    quantize_all<Codec>(c, params, key, index, codes);
+    Codec::pack(codes, words);
+  }
   // Missing values of a partial block are coded 0: their bits are cleared in the packed
   // words, not in the codes. Zeroing the codes (a select each, on a path the full groups
   // share) made every code a value of its own before the pack; left to the pack alone, a
@@ -196,7 +224,8 @@ __device__ __forceinline__ void encode_group(float (&c)[32], int valid, int lane
       LOWBIT_UNROLL
       for (int i = 0; i < G; ++i)
         if (i < valid)
-          fb.store(static_cast<std::size_t>(i), c[i], quantizer::dequantize(codes[i], meta));
+          fb.store(static_cast<std::size_t>(i), c[i],
+                   quantizer::dequantize(Codec::high_codes ? codes[i] >> 16 : codes[i], meta));
     }
   }
   if (decode_back) {
