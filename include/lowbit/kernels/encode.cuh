@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include "lowbit/codec/codec.hpp"
@@ -37,10 +39,12 @@ __device__ __forceinline__ void row_to_values(const typename warp_tile<T, Layout
   }
 }
 
+/// With `lane_amax` (bf16 inputs), also the lane's max |x| for block_statistics: taken on
+/// the packed pairs (lane_abs_max_bf16) when all 32 values are valid.
 template <class T, class Layout>
 __device__ __forceinline__ void load_group_values(const T* tile, std::size_t tile_n, bool vector,
                                                   unsigned char* s, int lane, int valid,
-                                                  float (&c)[32]) {
+                                                  float (&c)[32], float* lane_amax = nullptr) {
   using tile_t = warp_tile<T, Layout>;
   typename tile_t::row r;
   if (vector) {
@@ -51,7 +55,17 @@ __device__ __forceinline__ void load_group_values(const T* tile, std::size_t til
     tile_t::load_scalar(tile, tile_n, s, lane, r);
   }
   row_to_values<T, Layout>(r, valid, c);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (lane_amax != nullptr) *lane_amax = valid == 32 ? lane_abs_max_bf16(r.w) : lane_abs_max(c);
+  }
 }
+
+/// Whether encode_kernel hands encode_group a lane maximum taken on the packed input
+/// (lane_abs_max_bf16): bf16 inputs, a symmetric quantizer, no feedback changing the values.
+template <class Codec, class T, class Feedback>
+inline constexpr bool packed_lane_max = std::is_same_v<T, __nv_bfloat16> &&
+                                        quant::is_symmetric_v<typename Codec::quantizer_type> &&
+                                        !Feedback::active;
 
 /// The lane's feedback state in registers, staged in and out of a state array.
 template <class R, class Layout>
@@ -173,6 +187,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
       encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
                                   key, index0 + t.first, staged::bind(st.v));
       st.store(state, t.tile_n, t.full && state_vector, s, lane);
+    } else if constexpr (packed_lane_max<Codec, T, Feedback>) {
+      float amax;
+      load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
+                                   c, &amax);
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
+                                  key, index0 + t.first, fb.shifted(t.first), false, &amax);
     } else {
       load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
                                    c);
