@@ -14,6 +14,7 @@
 
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/core/float_ops.hpp"
+#include "lowbit/kernels/detail/lane_layout.cuh"
 #include "test_random.hpp"
 
 using namespace lowbit;
@@ -250,4 +251,23 @@ TEST_CASE("quantize_group_high and pack_group_high give quantize_group's frame w
   // Every kind of block came up: scaled, dividing (subnormal or huge steps), all-zero and
   // poisoned ones.
   for (int k = 0; k < 4; ++k) REQUIRE(block_kinds()[k] > 0);
+}
+
+TEST_CASE("lane_layout::lane_of_group is the written-out formula for every layout") {
+  std::size_t n = 0;
+  auto check = [&n](auto layout) {
+    using L = decltype(layout);
+    for (int g = 0; g < 4096; ++g, ++n)
+      REQUIRE(L::lane_of_group(g) ==
+              (g / L::groups_per_block) * L::lanes_per_block + g % L::groups_per_block);
+  };
+  check(kernels::detail::lane_layout<1>{});
+  check(kernels::detail::lane_layout<2>{});
+  check(kernels::detail::lane_layout<3>{});
+  check(kernels::detail::lane_layout<4>{});
+  check(kernels::detail::lane_layout<5>{});
+  check(kernels::detail::lane_layout<8>{});
+  check(kernels::detail::lane_layout<16>{});
+  check(kernels::detail::lane_layout<32>{});
+  REQUIRE(n == 8 * 4096);
 }

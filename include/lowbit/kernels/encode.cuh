@@ -135,10 +135,13 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// registers): ptxas' own choice, 68, fits 3, and this pass is bound by instructions and
   /// latency (ncu, bf16 4-bit: DRAM 42% of peak, SM 72%, 35% occupancy), which more warps
   /// hide. The cap costs a spill of 8 bytes (bf16) or 16 (fp16) on sm_90: a store and a
-  /// load a lane and tile, against the lane's 64 bytes of input. fp32 inputs (72 registers; a cap
-  /// spills 16 bytes) already run near the copy's rate and keep ptxas' choice, 3 CTAs.
+  /// load a lane and tile, against the lane's 64 bytes of input. fp32 inputs already run near
+  /// the copy's rate at 3 CTAs (a cap of 64 spills 16 bytes); they are held to 3 (80
+  /// registers): left free, ptxas took 82 for absmax<4> (2 CTAs) once the staging addresses
+  /// became immediates, and 68 under the bound, with the same instructions.
   static constexpr int min_blocks = staged_feedback<Feedback>::value                      ? 2
                                     : Codec::rounding_type::needs_noise && sizeof(T) == 2 ? 4
+                                    : Codec::rounding_type::needs_noise                   ? 3
                                                                                           : 1;
 };
 

@@ -45,6 +45,17 @@ struct warp_tile {
   __device__ __forceinline__ static int offset(int e) {
     return Layout::lane_of_group(e / 32) * row_bytes + (e % 32) * size;
   }
+  /// offset of striped vector k of `lane`, (lane + 32 k) * per_vector. Where a block fills
+  /// its lanes (lane_of_group(g) = g), vector k lies per_vector * k rows below vector 0: one
+  /// address a lane and immediate offsets (ptxas recomputed each vector's address from the
+  /// lane, up to 6 instructions a vector, when it was written as offset(e)).
+  __device__ __forceinline__ static int vector_offset(int lane, int k) {
+    if constexpr (Layout::groups_per_block == Layout::lanes_per_block) {
+      return offset(lane * per_vector) + k * per_vector * row_bytes;
+    } else {
+      return offset((lane + 32 * k) * per_vector);
+    }
+  }
   __device__ __forceinline__ static bool has_vector(int k, int lane) {
     return vectors % 32 == 0 || lane + 32 * k < vectors;
   }
@@ -77,7 +88,7 @@ struct warp_tile {
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
       if (has_vector(k, lane))
-        *reinterpret_cast<uint4*>(s + offset((lane + 32 * k) * per_vector)) = r.v[k];
+        *reinterpret_cast<uint4*>(s + vector_offset(lane, k)) = r.v[k];
     __syncwarp();
     read_row(s, lane, out);
     __syncwarp();
@@ -90,7 +101,7 @@ struct warp_tile {
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
       if (has_vector(k, lane))
-        r.v[k] = *reinterpret_cast<const uint4*>(s + offset((lane + 32 * k) * per_vector));
+        r.v[k] = *reinterpret_cast<const uint4*>(s + vector_offset(lane, k));
     __syncwarp();
   }
 
