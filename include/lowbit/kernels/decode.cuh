@@ -131,18 +131,27 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
         meta += frame_stride;
         if constexpr (prefetch) next.load_from(words, meta);
         cur.start(y);
-        for (int p = 1; p < num_frames; ++p) {
-          if constexpr (prefetch) {
-            cur = next;
+        if constexpr (prefetch) {
+          // Frames in pairs, next holding the odd ones and cur the even: each is reloaded
+          // with the frame two ahead as soon as it is summed, with no copy between them.
+          for (int p = 1; p < num_frames; p += 2) {
             words += frame_stride;  // frame p + 1
             meta += frame_stride;
-            if (p + 1 < num_frames) next.load_from(words, meta);
-          } else {
+            if (p + 1 < num_frames) cur.load_from(words, meta);
+            next.accumulate(y);  // frame p
+            if (p + 1 >= num_frames) break;
+            words += frame_stride;  // frame p + 2
+            meta += frame_stride;
+            if (p + 2 < num_frames) next.load_from(words, meta);
+            cur.accumulate(y);  // frame p + 1
+          }
+        } else {
+          for (int p = 1; p < num_frames; ++p) {
             cur.load_from(words, meta);  // frame p
             words += frame_stride;
             meta += frame_stride;
+            cur.accumulate(y);
           }
-          cur.accumulate(y);
         }
       } else {
         if (sum) {
