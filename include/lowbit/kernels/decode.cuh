@@ -77,10 +77,15 @@ struct packed_group {
 /// CTAs per SM the decode kernel is compiled for. With 2-byte outputs ptxas used 79 (bf16)
 /// and 95 (fp16) registers, so 3 and 2 of the policy's 4 CTAs fit an SM; capped at 64 they
 /// all fit, spill-free: 2^29 values from bf16 frames, decode 421 -> 361 us, decode-sum of
-/// 2 frames 632 -> 482 us. With fp32 outputs the cap spills and the sum slowed (398 ->
-/// 434 us for 2^28 values), so fp32 keeps what ptxas chooses.
+/// 2 frames 632 -> 482 us. With fp32 outputs a cap of 64 spills and the sum slowed (398 ->
+/// 434 us for 2^28 values). fp32 outputs are held to 3 CTAs (80 registers): left free ptxas
+/// takes 96 at 1, 2 and 4 bits, 2 CTAs of 8 warps an SM, and the one-shot reduce of 4 and 8
+/// frames, bound by the latency of its loads (ncu: warps waiting on global loads), had 16
+/// warps an SM to keep them in flight; at 80 it has 24, for a spill of 16 bytes outside the
+/// frame loop (a few local loads and stores a tile) and no more instructions in it. Not
+/// measured on a GPU yet.
 template <class T>
-inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 1;
+inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 3;
 
 /// Decodes a frame, or (sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
 /// apart, from 0.0f in frame order as the host's decode_accumulate does; then scales.
