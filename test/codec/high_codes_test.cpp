@@ -15,6 +15,7 @@
 #include "lowbit/codec/codec.hpp"
 #include "lowbit/core/float_ops.hpp"
 #include "lowbit/kernels/detail/lane_layout.cuh"
+#include "lowbit/kernels/detail/tile_lanes.cuh"
 #include "test_random.hpp"
 
 using namespace lowbit;
@@ -270,4 +271,20 @@ TEST_CASE("lane_layout::lane_of_group is the written-out formula for every layou
   check(kernels::detail::lane_layout<16>{});
   check(kernels::detail::lane_layout<32>{});
   REQUIRE(n == 8 * 4096);
+}
+
+TEST_CASE("make_codec_extent is what codec_walk derived from count") {
+  using C = codec<quant::absmax<4>, round::stochastic>;
+  using L = kernels::detail::lane_layout<C::groups_per_block>;
+  auto g = lowbit::test::rng(41);
+  std::size_t n = 0;
+  for (int i = 0; i < 100000; ++i, ++n) {
+    const std::size_t count = i < 5000 ? static_cast<std::size_t>(i)
+                                       : static_cast<std::size_t>(g() % (std::uint64_t{1} << 40));
+    const auto e = kernels::detail::make_codec_extent<C, L>(count);
+    REQUIRE(e.blocks == C::num_blocks(count));
+    REQUIRE(e.tiles == kernels::detail::tile_count<L>(C::num_blocks(count)));
+    REQUIRE(e.codes_offset == C::codes_offset(count));
+  }
+  REQUIRE(n == 100000);
 }

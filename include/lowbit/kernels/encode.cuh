@@ -148,7 +148,8 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
 template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads,
                                   encode_traits<Codec, T, Feedback>::min_blocks)
-    encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
+    encode_kernel(const T* __restrict__ x, std::size_t count, codec_extent extent,
+                  std::byte* __restrict__ frame,
                   rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector,
                   header_stamp stamp) {
   using traits = encode_traits<Codec, T, Feedback>;
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
   using R = typename traits::state_type;
   __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const codec_walk<Codec, layout> w(count);
+  const codec_walk<Codec, layout> w(extent);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
   if (blockIdx.x == 0 && threadIdx.x == 0)
@@ -244,10 +245,10 @@ void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
   if (count == 0) return stamp_header({{}, stamp}, stream);
   detail::check_framing({{}, stamp}, "kernels::encode");
   using layout = typename detail::encode_traits<Codec, T, Feedback>::layout;
-  const std::size_t tiles = detail::tile_count<layout>(Codec::num_blocks(count));
+  const detail::codec_extent extent = detail::make_codec_extent<Codec, layout>(count);
   detail::encode_kernel<Codec, T, Feedback>
-      <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          x, count, frame, key, index0, fb, detail::aligned16(x), state_vector, stamp);
+      <<<detail::grid_size(policy, extent.tiles), policy.threads_per_block, 0, stream>>>(
+          x, count, extent, frame, key, index0, fb, detail::aligned16(x), state_vector, stamp);
   LOWBIT_CHECK_LAUNCH();
 }
 
