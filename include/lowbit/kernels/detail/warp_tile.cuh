@@ -110,8 +110,13 @@ struct warp_tile {
   /// beyond n are left unset.
   __device__ __forceinline__ static void load_scalar(const T* g, std::size_t n, unsigned char* s,
                                                      int lane, row& out) {
-    for (int e = lane; e < static_cast<int>(n); e += 32)
-      *reinterpret_cast<T*>(s + offset(e)) = g[e];
+    // A fixed count of predicated steps, not a loop to n: the trip count of a loop to n
+    // (unrolled by ptxas) was computed on every tile's path, the vector one included.
+    LOWBIT_UNROLL
+    for (int k = 0; k < Layout::values_per_warp / 32; ++k) {
+      const int e = lane + 32 * k;
+      if (e < static_cast<int>(n)) *reinterpret_cast<T*>(s + offset(e)) = g[e];
+    }
     __syncwarp();
     read_row(s, lane, out);
     __syncwarp();
@@ -120,8 +125,11 @@ struct warp_tile {
                                                       int lane, const row& in) {
     write_row(s, lane, in);
     __syncwarp();
-    for (int e = lane; e < static_cast<int>(n); e += 32)
-      g[e] = *reinterpret_cast<const T*>(s + offset(e));
+    LOWBIT_UNROLL
+    for (int k = 0; k < Layout::values_per_warp / 32; ++k) {
+      const int e = lane + 32 * k;
+      if (e < static_cast<int>(n)) g[e] = *reinterpret_cast<const T*>(s + offset(e));
+    }
     __syncwarp();
   }
 
