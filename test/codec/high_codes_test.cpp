@@ -31,14 +31,18 @@ namespace {
 std::vector<float> special_floats() {
   std::vector<float> v;
   const std::uint32_t bits[] = {
-      0x7fc00000u, 0xffc00000u, 0x7fffffffu, 0x7f800001u, 0xff800001u, 0x7fff0000u,  // nan
-      0x7f800000u, 0xff800000u,                                                      // inf
-      0x00000000u, 0x80000000u,                                                      // zeros
-      0x00000001u, 0x80000001u, 0x00000002u, 0x007fffffu, 0x807fffffu, 0x00400000u,  // subnormal
-      0x00800000u, 0x80800000u, 0x00800001u,                                         // FLT_MIN
-      0x7f7fffffu, 0xff7fffffu, 0x7f7ffffeu, 0x7f7f0000u, 0xff7f0000u, 0x7f7effffu,  // FLT_MAX, bf16 max
-      0x00010000u, 0x80010000u, 0x007f0000u, 0x00810000u,                            // bf16 subnormal, min
-      0x3f800000u, 0xbf800000u, 0x3f810000u, 0x3f7f0000u, 0x3f7fffffu, 0x3f800001u,  // around 1
+      0x7fc00000u, 0xffc00000u, 0x7fffffffu, 0x7f800001u,
+      0xff800001u, 0x7fff0000u,  // nan
+      0x7f800000u, 0xff800000u,  // inf
+      0x00000000u, 0x80000000u,  // zeros
+      0x00000001u, 0x80000001u, 0x00000002u, 0x007fffffu,
+      0x807fffffu, 0x00400000u,               // subnormal
+      0x00800000u, 0x80800000u, 0x00800001u,  // FLT_MIN
+      0x7f7fffffu, 0xff7fffffu, 0x7f7ffffeu, 0x7f7f0000u,
+      0xff7f0000u, 0x7f7effffu,                            // FLT_MAX, bf16 max
+      0x00010000u, 0x80010000u, 0x007f0000u, 0x00810000u,  // bf16 subnormal, min
+      0x3f800000u, 0xbf800000u, 0x3f810000u, 0x3f7f0000u,
+      0x3f7fffffu, 0x3f800001u,  // around 1
       0x4b000000u, 0x4affffffu, 0x43000000u, 0x42ff0000u};
   for (const std::uint32_t b : bits) v.push_back(bits_float(b));
   for (int e = -149; e <= 127; ++e) v.push_back(std::ldexp(1.0f, e));

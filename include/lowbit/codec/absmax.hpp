@@ -234,11 +234,10 @@ struct absmax {
     constexpr float shift = zero_grid ? 0.0f : -0.5f;
     constexpr auto offset = static_cast<std::uint32_t>(qmin + half_levels) << 16;
     if (p.divide)
-      return round::to_grid_high<Rounding, qmin, qmax>(detail::fdiv(x, p.meta.step), shift,
-                                                       noise) +
+      return round::to_grid_high<Rounding, qmin, qmax>(detail::fdiv(x, p.meta.step), shift, noise) +
              offset;
-    return round::to_grid_in_range_high<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step),
-                                                              shift, noise) +
+    return round::to_grid_in_range_high<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step), shift,
+                                                              noise) +
            offset;
   }
 

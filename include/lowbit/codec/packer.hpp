@@ -62,8 +62,8 @@ LOWBIT_HD void pack_group_high(const std::uint32_t (&raw)[group_size],
                                std::uint32_t (&words)[Bits]) {
   static_assert(Bits >= 1 && Bits <= 16, "lowbit::pack: the code width must be 1..16 bits");
   if constexpr (Bits == 1 || Bits == 2 || Bits == 4 || Bits == 8) {
-    constexpr int k = 8 / Bits;       // codes a byte
-    constexpr int per_word = 4 * k;   // codes a word
+    constexpr int k = 8 / Bits;      // codes a byte
+    constexpr int per_word = 4 * k;  // codes a word
     LOWBIT_UNROLL
     for (int j = 0; j < Bits; ++j) {
       const std::uint32_t* r = raw + per_word * j;

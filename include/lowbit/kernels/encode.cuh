@@ -63,9 +63,9 @@ __device__ __forceinline__ void load_group_values(const T* tile, std::size_t til
 /// Whether encode_kernel hands encode_group a lane maximum taken on the packed input
 /// (lane_abs_max_bf16): bf16 inputs, a symmetric quantizer, no feedback changing the values.
 template <class Codec, class T, class Feedback>
-inline constexpr bool packed_lane_max = std::is_same_v<T, __nv_bfloat16> &&
-                                        quant::is_symmetric_v<typename Codec::quantizer_type> &&
-                                        !Feedback::active;
+inline constexpr bool packed_lane_max =
+    std::is_same_v<T, __nv_bfloat16>&& quant::is_symmetric_v<typename Codec::quantizer_type> &&
+    !Feedback::active;
 
 /// The lane's feedback state in registers, staged in and out of a state array.
 template <class R, class Layout>
@@ -149,9 +149,8 @@ template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads,
                                   encode_traits<Codec, T, Feedback>::min_blocks)
     encode_kernel(const T* __restrict__ x, std::size_t count, codec_extent extent,
-                  std::byte* __restrict__ frame,
-                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector,
-                  header_stamp stamp) {
+                  std::byte* __restrict__ frame, rng_key key, std::uint64_t index0, Feedback fb,
+                  bool x_vector, bool state_vector, header_stamp stamp) {
   using traits = encode_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;

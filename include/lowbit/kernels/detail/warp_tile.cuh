@@ -87,8 +87,7 @@ struct warp_tile {
                                                       row& out) {
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
-      if (has_vector(k, lane))
-        *reinterpret_cast<uint4*>(s + vector_offset(lane, k)) = r.v[k];
+      if (has_vector(k, lane)) *reinterpret_cast<uint4*>(s + vector_offset(lane, k)) = r.v[k];
     __syncwarp();
     read_row(s, lane, out);
     __syncwarp();
@@ -100,8 +99,7 @@ struct warp_tile {
     __syncwarp();
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
-      if (has_vector(k, lane))
-        r.v[k] = *reinterpret_cast<const uint4*>(s + vector_offset(lane, k));
+      if (has_vector(k, lane)) r.v[k] = *reinterpret_cast<const uint4*>(s + vector_offset(lane, k));
     __syncwarp();
   }
 
