@@ -134,11 +134,12 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// Stochastic rounding of 2-byte inputs runs 4 CTAs of 8 warps an SM (a cap of 64
   /// registers): ptxas' own choice, 68, fits 3, and this pass is bound by instructions and
   /// latency (ncu, bf16 4-bit: DRAM 42% of peak, SM 72%, 35% occupancy), which more warps
-  /// hide. The cap costs a spill of 8 bytes (bf16) or 16 (fp16) on sm_90: a store and a
-  /// load a lane and tile, against the lane's 64 bytes of input. fp32 inputs already run near
-  /// the copy's rate at 3 CTAs (a cap of 64 spills 16 bytes); they are held to 3 (80
-  /// registers): left free, ptxas took 82 for absmax<4> (2 CTAs) once the staging addresses
-  /// became immediates, and 68 under the bound, with the same instructions.
+  /// hide. The cap cost a spill of 8 bytes (bf16) or 16 (fp16) on sm_90 until the
+  /// element-by-element load stopped computing its trip count on every tile's path; absmax<4>
+  /// now fits 64 without one. fp32 inputs ran near the copy's rate at 3 CTAs; they are
+  /// compiled for at least 3 (at most 80 registers): left free, ptxas took 82 for absmax<4>
+  /// (2 CTAs) once the staging addresses became immediates. Under the bound it uses 64 for
+  /// absmax<4>, so 4 CTAs fit (not measured yet).
   static constexpr int min_blocks = staged_feedback<Feedback>::value                      ? 2
                                     : Codec::rounding_type::needs_noise && sizeof(T) == 2 ? 4
                                     : Codec::rounding_type::needs_noise                   ? 3
