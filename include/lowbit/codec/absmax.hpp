@@ -102,6 +102,80 @@ struct absmax {
   static constexpr std::uint32_t level_bits = 0x4a800001u;  // 2^22 + 1/2
   static constexpr float level_base = 4194304.0f + static_cast<float>(half_levels);
 
+  /// The same construction for a code left where it lies in a packed word, at bits
+  /// [K, K + Bits) with 1 <= K and K + Bits <= 23, so that a decoder needs no shift to
+  /// bring it to bit 1: the float with bits level_bits_at<K> | (word & code_mask << K) has
+  /// the exponent of 2^(23-K), whose mantissa bit K weighs 1 and bit K - 1 (set in
+  /// level_bits_at) weighs 1/2, and the code's bits lie inside the mantissa: it is
+  /// 2^(23-K) + code + 1/2. level_base_at<K> = 2^(23-K) + half_levels is a float (an
+  /// integer below 2^(24-K), a multiple of its ulp 2^-K), both lie in [2^(23-K), 2^(24-K))
+  /// (code + 1/2 and half_levels are below 2^(Bits) <= 2^(23-K)), so their difference is
+  /// exact (Sterbenz): q + 1/2, the value level_bits and level_base give (K = 1 is they).
+  static constexpr std::uint32_t code_mask = (1u << Bits) - 1u;
+  template <int K>
+  static constexpr std::uint32_t level_bits_at = (static_cast<std::uint32_t>(150 - K) << 23) |
+                                                 (1u << (K - 1));
+  template <int K>
+  static constexpr float level_base_at = static_cast<float>(1u << (23 - K)) +
+                                         static_cast<float>(half_levels);
+
+  /// How a decoder takes a packed word's codes with level_at (widths dividing 32): in
+  /// chunks of `level_chunk_codes` consecutive codes, each chunk's word shifted once (right
+  /// by level_chunk_shift(j) for the chunk of code j of the word; a negative shift is to the
+  /// left) so that its m-th code lies at bit level_chunk_place(m). More codes a chunk
+  /// means fewer shifts and more level constants (a register each on the GPU): at most 4,
+  /// and a chunk must fit below the mantissa's top (its place + its span <= 23). A chunk
+  /// is put at its own place when that fits (the word's second chunk then needs no shift),
+  /// else at bit 1 (one place up, as level_bits has it).
+  static constexpr int level_codes_per_word = 32 / Bits;
+  static constexpr int level_chunk_codes = [] {
+    int n = 1;
+    while (2 * n <= 4 && 2 * n <= level_codes_per_word && 2 * n * Bits <= 22) n *= 2;
+    return n;
+  }();
+  static constexpr int level_chunk_first_bit =
+      2 * level_chunk_codes * Bits <= 23 ? level_chunk_codes * Bits : 1;
+  LOWBIT_HD static constexpr int level_chunk_place(int m) {
+    return level_chunk_first_bit + m * Bits;
+  }
+  LOWBIT_HD static constexpr int level_chunk_shift(int j) {
+    return Bits * (j - j % level_chunk_codes) - level_chunk_first_bit;
+  }
+
+  /// q + 1/2 of the full grid's code at bits [K, K + Bits) of `word` (see level_bits_at):
+  /// the same float as fsub(bits_float(level_bits | code << 1), level_base).
+  template <int K>
+  LOWBIT_HD static float level_at(std::uint32_t word) {
+    static_assert(!zero_grid, "lowbit::quant::absmax::level_at: the full grid's construction");
+    static_assert(K >= 1 && K + Bits <= 23,
+                  "lowbit::quant::absmax::level_at: the code must lie in the mantissa above bit 0");
+    return detail::fsub(detail::bits_float(level_bits_at<K> | (word & (code_mask << K))),
+                        level_base_at<K>);
+  }
+
+  /// First-frame sums. A sum of frames starts from 0.0f: acc = fadd(0.0f, fmul(l, step)) for
+  /// the first frame's level l = q + 1/2. ffma(l, step, 0.0f) gives the same bits whenever
+  /// first_sum_fusable(step), and saves the addition:
+  ///  - l * step nonzero and not rounding to zero: both round the same real product once,
+  ///    and adding 0 to a nonzero float leaves it;
+  ///  - l * step an exact zero (step +-0; l is never 0): fmul gives a zero signed as the
+  ///    product, fadd(0.0f, +-0) is +0, and the exact sum l * step + 0 of two zeros is +0
+  ///    in round-to-nearest (signs differ, or both +0) -- the same +0;
+  ///  - inf or nan step: l * step is +-inf (then both give it) or nan (both nan).
+  /// What remains is a nonzero product that rounds to zero: fmul gives -0 for a negative
+  /// one, which fadd turns into +0, while the fused form keeps the exact sum's sign, -0.
+  /// With |l| >= 1/2 that needs |step| <= 2^-149 (the smallest subnormal), and a device
+  /// flushing subnormal results (-ftz) also flushes products below 2^-126, which needs
+  /// |step| < 2^-125; steps of magnitude in (0, 2^-124) are excluded for both, with margin.
+  static constexpr float first_sum_min_step = 0x1p-124f;
+  LOWBIT_HD static bool first_sum_fusable(float step) {
+    const float a = detail::abs_f(step);
+    return a == 0.0f || !(a < first_sum_min_step);  // nan: fusable (both give nan)
+  }
+  LOWBIT_HD static float first_sum(float level, float step) {
+    return detail::ffma(level, step, 0.0f);
+  }
+
   /// True when the outermost level of `step`, levels * step, rounds to inf.
   LOWBIT_HD static bool outer_level_overflows(float step) {
     return !(detail::fmul(step, levels) <= FLT_MAX);
@@ -147,6 +221,23 @@ struct absmax {
              offset;
     return round::to_grid_in_range<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step), shift,
                                                          noise) +
+           offset;
+  }
+
+  /// quantize with the code left at bits [16, 32) and bits [0, 16) not the code's
+  /// (quantize_high(x, p, noise) >> 16 == quantize(x, p, noise)), for a rounding with
+  /// `index_high` (round::stochastic): what pack::pack_group_high takes.
+  template <class Rounding>
+  LOWBIT_HD static std::uint32_t quantize_high(float x, const params_type& p, std::uint32_t noise) {
+    static_assert(round::has_index_high_v<Rounding>,
+                  "lowbit::quant::absmax::quantize_high: the rounding must have index_high");
+    constexpr float shift = zero_grid ? 0.0f : -0.5f;
+    constexpr auto offset = static_cast<std::uint32_t>(qmin + half_levels) << 16;
+    if (p.divide)
+      return round::to_grid_high<Rounding, qmin, qmax>(detail::fdiv(x, p.meta.step), shift, noise) +
+             offset;
+    return round::to_grid_in_range_high<Rounding, qmin, qmax>(detail::fmul_rz(x, p.inv_step), shift,
+                                                              noise) +
            offset;
   }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "lowbit/codec/packer.hpp"
 #include "lowbit/codec/philox.hpp"
@@ -25,6 +26,18 @@ namespace lowbit {
 
 /// Rounds n up to a multiple of 16 (frame sections are 16-byte aligned).
 LOWBIT_HD constexpr std::size_t align16(std::size_t n) { return (n + 15) & ~std::size_t{15}; }
+
+namespace detail {
+template <class Q, class R, class = void>
+struct has_quantize_high : std::false_type {};
+template <class Q, class R>
+struct has_quantize_high<
+    Q, R,
+    std::enable_if_t<round::has_index_high_v<R>,
+                     std::void_t<decltype(Q::template quantize_high<R>(
+                         0.0f, std::declval<const typename Q::params_type&>(), 0u))>>>
+    : std::true_type {};
+}  // namespace detail
 
 /// A quantizer and a rounding policy, and the frame layout they imply.
 template <class Quantizer, class Rounding = round::nearest>
@@ -83,6 +96,31 @@ struct codec {
       LOWBIT_UNROLL
       for (int i = 0; i < group_size; ++i)
         codes[i] = i < valid ? Quantizer::template quantize<Rounding>(x[i], p, 0u) : 0u;
+    }
+  }
+
+  /// True when the quantizer and the rounding can leave codes at bits [16, 32)
+  /// (Quantizer::quantize_high, Rounding::index_high: absmax with stochastic rounding), for
+  /// quantize_group_high and pack::pack_group_high.
+  static constexpr bool high_codes = detail::has_quantize_high<Quantizer, Rounding>::value;
+
+  /// quantize_group with each code at bits [16, 32) of its word and bits [0, 16) not the
+  /// code's: (raw[i] >> 16) is quantize_group's codes[i]; 0 past valid.
+  LOWBIT_HD static void quantize_group_high(const float (&x)[group_size], int valid,
+                                            const params_type& p, const rng_key& key,
+                                            std::uint64_t index0,
+                                            std::uint32_t (&raw)[group_size]) {
+    static_assert(high_codes, "lowbit::codec::quantize_group_high: not for this codec");
+    constexpr int D = rng_key::values_per_draw;
+    LOWBIT_UNROLL
+    for (int k = 0; k < group_size / D; ++k) {
+      const philox_block r = key.draw(index0 / D + k);
+      LOWBIT_UNROLL
+      for (int m = 0; m < D; ++m) {
+        const int i = D * k + m;
+        const std::uint32_t noise = rng_key::noise16(r, m);
+        raw[i] = i < valid ? Quantizer::template quantize_high<Rounding>(x[i], p, noise) : 0u;
+      }
     }
   }
 

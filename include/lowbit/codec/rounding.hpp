@@ -101,10 +101,41 @@ struct stochastic {
   /// 128's are c. The encode kernel runs this; the tests check it against the exact path.
   template <int Lo>
   LOWBIT_HD static std::uint32_t index_small(float t, float shift, std::uint32_t noise16) {
+    return index_small_high<Lo>(t, shift, noise16) >> 16;
+  }
+  /// index_small before its shift: the index at bits [16, 32), bits [0, 16) not the index's.
+  template <int Lo>
+  LOWBIT_HD static std::uint32_t index_small_high(float t, float shift, std::uint32_t noise16) {
     constexpr float base = 128.0f;
     constexpr std::uint32_t base_bits = 0x43000000u;
     const float s = detail::fadd_ru(t, detail::fsub(base + shift, static_cast<float>(Lo)));
-    return (detail::float_bits(s) - base_bits + (0xffffu - noise16)) >> 16;
+    return detail::float_bits(s) - base_bits + (0xffffu - noise16);
+  }
+
+  /// `index` left where the rounding's carry puts it, for a grid of fewer than 2^16 steps:
+  /// the index at bits [16, 32), bits [0, 16) not the index's (index_high >> 16 ==
+  /// index). A packer can take the index from there (pack::pack_group_high) without the
+  /// shift and the mask a value that moving it to bit 0 and then into its place cost.
+  template <int Lo, int Hi>
+  LOWBIT_HD static std::uint32_t index_high(float t, float shift, std::uint32_t noise16) {
+    static_assert(-(1 << 15) <= Lo && Lo < Hi && Hi - Lo < (1 << 16),
+                  "lowbit::round::stochastic::index_high: the grid must lie in [-2^15, 2^16] "
+                  "and have fewer than 2^16 steps");
+#if LOWBIT_DEVICE_PASS
+    if constexpr (Hi - Lo <= 128) {
+      return index_small_high<Lo>(t, shift, noise16);
+    } else if constexpr (-(1 << 14) < Lo && Hi < (1 << 14)) {
+      const auto offset = static_cast<std::uint32_t>(
+          static_cast<std::int64_t>(detail::fmul(shift, 65536.0f)) - std::int64_t{Lo} * 65536);
+      const auto c = static_cast<std::uint32_t>(__float2int_ru(detail::fmul(t, 65536.0f))) + offset;
+      return c + (0xffffu - noise16);
+    }
+#endif
+    // As in index: c + 2^16 - 1 - noise is below 2^16 (Hi - Lo + 1) <= 2^32.
+    const std::int64_t c = static_cast<std::int64_t>(detail::ceil_f(detail::fmul(t, 65536.0f))) +
+                           static_cast<std::int64_t>(
+                               detail::fmul(detail::fsub(shift, static_cast<float>(Lo)), 65536.0f));
+    return static_cast<std::uint32_t>(c + 0xffff - static_cast<std::int64_t>(noise16));
   }
 };
 
@@ -138,6 +169,28 @@ LOWBIT_HD std::uint32_t to_grid(float p, float shift, std::uint32_t noise16) {
   const float t =
       lowbit::detail::clamp_f(p, static_cast<float>(Lo) - shift, static_cast<float>(Hi) - shift);
   return to_grid_in_range<R, Lo, Hi>(t, shift, noise16);
+}
+
+template <class R, class = void>
+struct has_index_high : std::false_type {};
+template <class R>
+struct has_index_high<R, std::void_t<decltype(R::template index_high<0, 1>(0.0f, 0.0f, 0u))>>
+    : std::true_type {};
+template <class R>
+inline constexpr bool has_index_high_v = has_index_high<R>::value;
+
+/// to_grid_in_range and to_grid for a policy with `index_high` (stochastic): the code at
+/// bits [16, 32), bits [0, 16) not the code's; `>> 16` gives to_grid_in_range's and
+/// to_grid's code.
+template <class R, int Lo, int Hi>
+LOWBIT_HD std::uint32_t to_grid_in_range_high(float p, float shift, std::uint32_t noise16) {
+  return R::template index_high<Lo, Hi>(p, shift, noise16);
+}
+template <class R, int Lo, int Hi>
+LOWBIT_HD std::uint32_t to_grid_high(float p, float shift, std::uint32_t noise16) {
+  const float t =
+      lowbit::detail::clamp_f(p, static_cast<float>(Lo) - shift, static_cast<float>(Hi) - shift);
+  return to_grid_in_range_high<R, Lo, Hi>(t, shift, noise16);
 }
 
 /// True for lowbit's rounding policies (a user policy specialises this).

@@ -55,10 +55,18 @@ struct packed_group {
     load_words<Codec::bits>(frame + words_at, words);
     meta = *reinterpret_cast<const typename Codec::meta_type*>(frame + meta_at);
   }
+  /// load, from the group's words and its meta in a frame.
+  __device__ __forceinline__ void load_from(const std::byte* words_at, const std::byte* meta_at) {
+    load_words<Codec::bits>(words_at, words);
+    meta = *reinterpret_cast<const typename Codec::meta_type*>(meta_at);
+  }
   /// The group's values in fp32, as the host decodes them (Quantizer::dequantize per code).
   __device__ __forceinline__ void decode(float (&y)[32]) const {
     for_each_value<Codec>(words, meta, [&](int i, float v) { y[i] = v; });
   }
+  /// y[i] = 0.0f + value i, in fp32: a sum's first frame, as the host's acc = 0 followed by
+  /// its decode_accumulate step (start_sum: no add a value where the step allows).
+  __device__ __forceinline__ void start(float (&y)[32]) const { start_sum<Codec>(words, meta, y); }
   /// y[i] += value i, in fp32 (the host's decode_accumulate step).
   __device__ __forceinline__ void accumulate(float (&y)[32]) const {
     for_each_value<Codec>(words, meta,
@@ -69,10 +77,15 @@ struct packed_group {
 /// CTAs per SM the decode kernel is compiled for. With 2-byte outputs ptxas used 79 (bf16)
 /// and 95 (fp16) registers, so 3 and 2 of the policy's 4 CTAs fit an SM; capped at 64 they
 /// all fit, spill-free: 2^29 values from bf16 frames, decode 421 -> 361 us, decode-sum of
-/// 2 frames 632 -> 482 us. With fp32 outputs the cap spills and the sum slowed (398 ->
-/// 434 us for 2^28 values), so fp32 keeps what ptxas chooses.
+/// 2 frames 632 -> 482 us. With fp32 outputs a cap of 64 spills and the sum slowed (398 ->
+/// 434 us for 2^28 values). fp32 outputs are held to 3 CTAs (80 registers): left free ptxas
+/// takes 96 at 1, 2 and 4 bits, 2 CTAs of 8 warps an SM, and the one-shot reduce of 4 and 8
+/// frames, bound by the latency of its loads (ncu: warps waiting on global loads), had 16
+/// warps an SM to keep them in flight; at 80 it has 24, for a spill of 16 bytes outside the
+/// frame loop (a few local loads and stores a tile) and no more instructions in it. Not
+/// measured on a GPU yet.
 template <class T>
-inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 1;
+inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 3;
 
 /// Decodes a frame, or (sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
 /// apart, from 0.0f in frame order as the host's decode_accumulate does; then scales.
@@ -109,30 +122,47 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
       // 486 -> 470 us. Wider codes would spill under the 2-byte outputs' register cap (36
       // bytes at 8 bits), so they load each frame as they decode it.
       constexpr bool prefetch = Codec::bits <= 4;
+      // The group's offsets in a frame, once a tile; a frame's address is one add from the
+      // last (recomputing both from the frame's base, a frame took ~20 more instructions).
+      const std::byte* words = frame + codes_offset + t.group * Codec::group_bytes;
+      const std::byte* meta =
+          frame + t.group / Codec::groups_per_block * sizeof(typename Codec::meta_type);
       packed_group<Codec> cur;
-      cur.load(frame, codes_offset, t.group);
+      cur.load_from(words, meta);
       float y[32];
       if (sum && num_frames > 1) {
         packed_group<Codec> next;
-        if constexpr (prefetch) next.load(frame + frame_stride, codes_offset, t.group);
-        cur.decode(y);
-        LOWBIT_UNROLL
-        for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
-        for (int p = 1; p < num_frames; ++p) {
-          const std::byte* following = frame + static_cast<std::size_t>(p + 1) * frame_stride;
-          if constexpr (prefetch) {
-            cur = next;
-            if (p + 1 < num_frames) next.load(following, codes_offset, t.group);
-          } else {
-            cur.load(frame + static_cast<std::size_t>(p) * frame_stride, codes_offset, t.group);
+        words += frame_stride;  // frame 1
+        meta += frame_stride;
+        if constexpr (prefetch) next.load_from(words, meta);
+        cur.start(y);
+        if constexpr (prefetch) {
+          // Frames in pairs, next holding the odd ones and cur the even: each is reloaded
+          // with the frame two ahead as soon as it is summed, with no copy between them.
+          for (int p = 1; p < num_frames; p += 2) {
+            words += frame_stride;  // frame p + 1
+            meta += frame_stride;
+            if (p + 1 < num_frames) cur.load_from(words, meta);
+            next.accumulate(y);  // frame p
+            if (p + 1 >= num_frames) break;
+            words += frame_stride;  // frame p + 2
+            meta += frame_stride;
+            if (p + 2 < num_frames) next.load_from(words, meta);
+            cur.accumulate(y);  // frame p + 1
           }
-          cur.accumulate(y);
+        } else {
+          for (int p = 1; p < num_frames; ++p) {
+            cur.load_from(words, meta);  // frame p
+            words += frame_stride;
+            meta += frame_stride;
+            cur.accumulate(y);
+          }
         }
       } else {
-        cur.decode(y);
         if (sum) {
-          LOWBIT_UNROLL
-          for (int i = 0; i < 32; ++i) y[i] = lowbit::detail::fadd(0.0f, y[i]);
+          cur.start(y);
+        } else {
+          cur.decode(y);
         }
       }
       LOWBIT_UNROLL

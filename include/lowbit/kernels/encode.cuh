@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include "lowbit/codec/codec.hpp"
@@ -37,10 +39,12 @@ __device__ __forceinline__ void row_to_values(const typename warp_tile<T, Layout
   }
 }
 
+/// With `lane_amax` (bf16 inputs), also the lane's max |x| for block_statistics: taken on
+/// the packed pairs (lane_abs_max_bf16) when all 32 values are valid.
 template <class T, class Layout>
 __device__ __forceinline__ void load_group_values(const T* tile, std::size_t tile_n, bool vector,
                                                   unsigned char* s, int lane, int valid,
-                                                  float (&c)[32]) {
+                                                  float (&c)[32], float* lane_amax = nullptr) {
   using tile_t = warp_tile<T, Layout>;
   typename tile_t::row r;
   if (vector) {
@@ -51,7 +55,17 @@ __device__ __forceinline__ void load_group_values(const T* tile, std::size_t til
     tile_t::load_scalar(tile, tile_n, s, lane, r);
   }
   row_to_values<T, Layout>(r, valid, c);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (lane_amax != nullptr) *lane_amax = valid == 32 ? lane_abs_max_bf16(r.w) : lane_abs_max(c);
+  }
 }
+
+/// Whether encode_kernel hands encode_group a lane maximum taken on the packed input
+/// (lane_abs_max_bf16): bf16 inputs, a symmetric quantizer, no feedback changing the values.
+template <class Codec, class T, class Feedback>
+inline constexpr bool packed_lane_max =
+    std::is_same_v<T, __nv_bfloat16>&& quant::is_symmetric_v<typename Codec::quantizer_type> &&
+    !Feedback::active;
 
 /// The lane's feedback state in registers, staged in and out of a state array.
 template <class R, class Layout>
@@ -120,27 +134,31 @@ struct encode_traits : coding_traits<Codec, T, Feedback> {
   /// Stochastic rounding of 2-byte inputs runs 4 CTAs of 8 warps an SM (a cap of 64
   /// registers): ptxas' own choice, 68, fits 3, and this pass is bound by instructions and
   /// latency (ncu, bf16 4-bit: DRAM 42% of peak, SM 72%, 35% occupancy), which more warps
-  /// hide. The cap costs a spill of 8 bytes (bf16) or 16 (fp16) on sm_90: a store and a
-  /// load a lane and tile, against the lane's 64 bytes of input. fp32 inputs (72 registers; a cap
-  /// spills 16 bytes) already run near the copy's rate and keep ptxas' choice, 3 CTAs.
+  /// hide. The cap cost a spill of 8 bytes (bf16) or 16 (fp16) on sm_90 until the
+  /// element-by-element load stopped computing its trip count on every tile's path; absmax<4>
+  /// now fits 64 without one. fp32 inputs ran near the copy's rate at 3 CTAs; they are
+  /// compiled for at least 3 (at most 80 registers): left free, ptxas took 82 for absmax<4>
+  /// (2 CTAs) once the staging addresses became immediates. Under the bound it uses 64 for
+  /// absmax<4>, so 4 CTAs fit (not measured yet).
   static constexpr int min_blocks = staged_feedback<Feedback>::value                      ? 2
                                     : Codec::rounding_type::needs_noise && sizeof(T) == 2 ? 4
+                                    : Codec::rounding_type::needs_noise                   ? 3
                                                                                           : 1;
 };
 
 template <class Codec, class T, class Feedback>
 __global__ void __launch_bounds__(launch_policy::max_threads,
                                   encode_traits<Codec, T, Feedback>::min_blocks)
-    encode_kernel(const T* __restrict__ x, std::size_t count, std::byte* __restrict__ frame,
-                  rng_key key, std::uint64_t index0, Feedback fb, bool x_vector, bool state_vector,
-                  header_stamp stamp) {
+    encode_kernel(const T* __restrict__ x, std::size_t count, codec_extent extent,
+                  std::byte* __restrict__ frame, rng_key key, std::uint64_t index0, Feedback fb,
+                  bool x_vector, bool state_vector, header_stamp stamp) {
   using traits = encode_traits<Codec, T, Feedback>;
   using layout = typename traits::layout;
   using staged = typename traits::staged;
   using R = typename traits::state_type;
   __shared__ __align__(16) unsigned char smem[traits::warps][staging_bytes(traits::staged_size)];
 
-  const codec_walk<Codec, layout> w(count);
+  const codec_walk<Codec, layout> w(extent);
   const int lane = w.lane;
   unsigned char* s = smem[w.warp];
   if (blockIdx.x == 0 && threadIdx.x == 0)
@@ -173,6 +191,12 @@ __global__ void __launch_bounds__(launch_policy::max_threads,
       encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
                                   key, index0 + t.first, staged::bind(st.v));
       st.store(state, t.tile_n, t.full && state_vector, s, lane);
+    } else if constexpr (packed_lane_max<Codec, T, Feedback>) {
+      float amax;
+      load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
+                                   c, &amax);
+      encode_group<Codec, layout>(c, t.valid, lane, t.live, t.block, t.group, frame, w.codes_offset,
+                                  key, index0 + t.first, fb.shifted(t.first), false, &amax);
     } else {
       load_group_values<T, layout>(x + t.tile_first, t.tile_n, t.full && x_vector, s, lane, t.valid,
                                    c);
@@ -221,10 +245,10 @@ void encode(const T* x, std::size_t count, std::byte* frame, const rng_key& key,
   if (count == 0) return stamp_header({{}, stamp}, stream);
   detail::check_framing({{}, stamp}, "kernels::encode");
   using layout = typename detail::encode_traits<Codec, T, Feedback>::layout;
-  const std::size_t tiles = detail::tile_count<layout>(Codec::num_blocks(count));
+  const detail::codec_extent extent = detail::make_codec_extent<Codec, layout>(count);
   detail::encode_kernel<Codec, T, Feedback>
-      <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          x, count, frame, key, index0, fb, detail::aligned16(x), state_vector, stamp);
+      <<<detail::grid_size(policy, extent.tiles), policy.threads_per_block, 0, stream>>>(
+          x, count, extent, frame, key, index0, fb, detail::aligned16(x), state_vector, stamp);
   LOWBIT_CHECK_LAUNCH();
 }
 

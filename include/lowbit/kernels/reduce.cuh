@@ -71,8 +71,6 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
     const tile_lanes<layout> t(tile, lane, count, w.blocks);
 
     float c[32];
-    LOWBIT_UNROLL
-    for (int i = 0; i < 32; ++i) c[i] = 0.0f;
     if (t.live) {
       // Frame p + 1's group is loaded before frame p's is decoded (up to 8 bits: wider
       // codes would spill under the cap of 128 registers), so a lane keeps two loads in
@@ -86,40 +84,52 @@ __global__ void __launch_bounds__(launch_policy::max_threads, 2)
         // Two groups, one for the even frames and one for the odd, each reloaded with the
         // frame two ahead as soon as it is summed: the same two loads in flight as a
         // current/next pair, without copying next into current (five moves a frame) and
-        // with the frame's address one 64-bit add from the last.
+        // with the frame's address one 64-bit add from the last. Frame 0 starts the sum
+        // (packed_group::start: c = 0 + its values, without the adds where the step
+        // allows), so c needs no zeroing.
         packed_group<Codec> even, odd;
         const std::size_t stride2 = 2 * frame_stride;
         const std::byte* even_at = frames;
         const std::byte* odd_at = frames + frame_stride;
         even.load_at(even_at, words_at, meta_at);
         if (num_frames > 1) odd.load_at(odd_at, words_at, meta_at);
-        for (int p = 0; p < num_frames; p += 2) {
-          even.accumulate(c);
+        even.start(c);
+        if (num_frames > 2) {
+          even_at += stride2;
+          even.load_at(even_at, words_at, meta_at);
+        }
+        for (int p = 1; p < num_frames; p += 2) {
+          odd.accumulate(c);
           if (p + 2 < num_frames) {
-            even_at += stride2;
-            even.load_at(even_at, words_at, meta_at);
+            odd_at += stride2;
+            odd.load_at(odd_at, words_at, meta_at);
           }
           if (p + 1 < num_frames) {
-            odd.accumulate(c);
+            even.accumulate(c);
             if (p + 3 < num_frames) {
-              odd_at += stride2;
-              odd.load_at(odd_at, words_at, meta_at);
+              even_at += stride2;
+              even.load_at(even_at, words_at, meta_at);
             }
           }
         }
       } else {
         packed_group<Codec> cur;
         const std::byte* f = frames;
-        for (int p = 0; p < num_frames; ++p, f += frame_stride) {
+        cur.load_at(f, words_at, meta_at);
+        cur.start(c);
+        for (int p = 1; p < num_frames; ++p) {
+          f += frame_stride;
           cur.load_at(f, words_at, meta_at);
           cur.accumulate(c);
         }
       }
-      if (t.valid < 32) {
-        LOWBIT_UNROLL
-        for (int i = 0; i < 32; ++i)
-          if (i >= t.valid) c[i] = 0.0f;
-      }
+    }
+    // The values past the end are 0 (a lane that is not live has valid 0): zeroed here
+    // alone, not all 32 before the sum, which its first frame now writes.
+    if (t.valid < 32) {
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i)
+        if (i >= t.valid) c[i] = 0.0f;
     }
 
     if (tile == w.first_tile && !verify()) return;

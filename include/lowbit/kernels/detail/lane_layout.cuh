@@ -43,7 +43,14 @@ struct lane_layout {
   }
   /// The lane (staging row) that owns tile-local group g.
   LOWBIT_HD static constexpr int lane_of_group(int g) {
-    return (g / groups_per_block) * lanes_per_block + g % groups_per_block;
+    // g itself when a block fills its lanes (the same for g >= 0): written out, the
+    // staging offsets of warp_tile's transposes were recomputed for every vector of a tile
+    // (ptxas did not see (g / 4) * 4 + g % 4 as g), instead of one address and immediates.
+    if constexpr (groups_per_block == lanes_per_block) {
+      return g;
+    } else {
+      return (g / groups_per_block) * lanes_per_block + g % groups_per_block;
+    }
   }
 };
 

@@ -14,6 +14,20 @@ LOWBIT_HD constexpr std::size_t tile_count(std::size_t blocks) {
   return (blocks + Layout::blocks_per_warp - 1) / Layout::blocks_per_warp;
 }
 
+/// A frame's block count, the tiles over them and its code section's offset: what a
+/// kernel derives from `count` alone, computed on the host and passed in (a kernel
+/// parameter is one constant load where ptxas rebuilt these from count every tile).
+struct codec_extent {
+  std::size_t blocks;
+  std::size_t tiles;
+  std::size_t codes_offset;
+};
+template <class Codec, class Layout>
+LOWBIT_HD constexpr codec_extent make_codec_extent(std::size_t count) {
+  return {Codec::num_blocks(count), tile_count<Layout>(Codec::num_blocks(count)),
+          Codec::codes_offset(count)};
+}
+
 #if LOWBIT_CUDA
 /// The calling thread's place in the kernels' grid-stride loop over warp tiles:
 /// `for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride)`.
@@ -43,6 +57,8 @@ struct codec_walk : warp_walk {
       : blocks(Codec::num_blocks(count)),
         tiles(tile_count<Layout>(blocks)),
         codes_offset(Codec::codes_offset(count)) {}
+  __device__ __forceinline__ explicit codec_walk(const codec_extent& e)
+      : blocks(e.blocks), tiles(e.tiles), codes_offset(e.codes_offset) {}
 };
 
 /// One warp tile of `count` values laid out by `Layout` (a lane_layout), seen from `lane`:

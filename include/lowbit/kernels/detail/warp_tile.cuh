@@ -45,6 +45,17 @@ struct warp_tile {
   __device__ __forceinline__ static int offset(int e) {
     return Layout::lane_of_group(e / 32) * row_bytes + (e % 32) * size;
   }
+  /// offset of striped vector k of `lane`, (lane + 32 k) * per_vector. Where a block fills
+  /// its lanes (lane_of_group(g) = g), vector k lies per_vector * k rows below vector 0: one
+  /// address a lane and immediate offsets (ptxas recomputed each vector's address from the
+  /// lane, up to 6 instructions a vector, when it was written as offset(e)).
+  __device__ __forceinline__ static int vector_offset(int lane, int k) {
+    if constexpr (Layout::groups_per_block == Layout::lanes_per_block) {
+      return offset(lane * per_vector) + k * per_vector * row_bytes;
+    } else {
+      return offset((lane + 32 * k) * per_vector);
+    }
+  }
   __device__ __forceinline__ static bool has_vector(int k, int lane) {
     return vectors % 32 == 0 || lane + 32 * k < vectors;
   }
@@ -76,8 +87,7 @@ struct warp_tile {
                                                       row& out) {
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
-      if (has_vector(k, lane))
-        *reinterpret_cast<uint4*>(s + offset((lane + 32 * k) * per_vector)) = r.v[k];
+      if (has_vector(k, lane)) *reinterpret_cast<uint4*>(s + vector_offset(lane, k)) = r.v[k];
     __syncwarp();
     read_row(s, lane, out);
     __syncwarp();
@@ -89,8 +99,7 @@ struct warp_tile {
     __syncwarp();
     LOWBIT_UNROLL
     for (int k = 0; k < vectors_per_lane; ++k)
-      if (has_vector(k, lane))
-        r.v[k] = *reinterpret_cast<const uint4*>(s + offset((lane + 32 * k) * per_vector));
+      if (has_vector(k, lane)) r.v[k] = *reinterpret_cast<const uint4*>(s + vector_offset(lane, k));
     __syncwarp();
   }
 
@@ -99,8 +108,13 @@ struct warp_tile {
   /// beyond n are left unset.
   __device__ __forceinline__ static void load_scalar(const T* g, std::size_t n, unsigned char* s,
                                                      int lane, row& out) {
-    for (int e = lane; e < static_cast<int>(n); e += 32)
-      *reinterpret_cast<T*>(s + offset(e)) = g[e];
+    // A fixed count of predicated steps, not a loop to n: the trip count of a loop to n
+    // (unrolled by ptxas) was computed on every tile's path, the vector one included.
+    LOWBIT_UNROLL
+    for (int k = 0; k < Layout::values_per_warp / 32; ++k) {
+      const int e = lane + 32 * k;
+      if (e < static_cast<int>(n)) *reinterpret_cast<T*>(s + offset(e)) = g[e];
+    }
     __syncwarp();
     read_row(s, lane, out);
     __syncwarp();
@@ -109,8 +123,11 @@ struct warp_tile {
                                                       int lane, const row& in) {
     write_row(s, lane, in);
     __syncwarp();
-    for (int e = lane; e < static_cast<int>(n); e += 32)
-      g[e] = *reinterpret_cast<const T*>(s + offset(e));
+    LOWBIT_UNROLL
+    for (int k = 0; k < Layout::values_per_warp / 32; ++k) {
+      const int e = lane + 32 * k;
+      if (e < static_cast<int>(n)) g[e] = *reinterpret_cast<const T*>(s + offset(e));
+    }
     __syncwarp();
   }
 
