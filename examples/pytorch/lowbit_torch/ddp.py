@@ -66,9 +66,9 @@ class DDPState:
     seed: stochastic rounding's seed.
 
     One lowbit collective per bucket index, with its feedback state (the state belongs
-    to the bucket's tensor). When DDP rebuilds its buckets after the first iteration, a
-    bucket whose size changed gets a new collective and fresh feedback (counted as a
-    rebuild).
+    to the bucket's tensor). When DDP rebuilds its buckets after the first iteration,
+    each bucket's feedback state follows its parameters into their new buckets
+    (``note_layout``, counted as ``layout_rebuilds``).
     """
 
     def __init__(self, process_group=None, bits=4, grid=None, rounding="nearest",
