@@ -45,8 +45,9 @@ parameter (``"call": "function"`` in the model JSON: nn.MultiheadAttention's fus
 attention, a layer scale), a torch function mode that wraps those calls while the
 forward of the module that calls them (``"caller"``) runs, with hooks on the leaves
 under it then, so that the calls are told apart and counted as recorded; the mode rests
-while a module under it whose code calls no function op runs (a ViT's blocks, when the
-function op is its position embedding). Outputs keep
+while a module under it whose code calls none of the function ops the plan wraps runs
+(a ViT's blocks, when the wrapped function op is its position embedding, even where the
+blocks' attention in-projections are function ops at the ambient). Outputs keep
 their containers' types (tuples, named tuples, dicts, ModelOutputs, dataclasses).
 """
 
@@ -181,16 +182,18 @@ class applied_plan:
         # Where a wrapped op's module also has function ops (attribution), a torch
         # function mode runs while their callers' forwards run, with hooks on the leaves
         # under those callers, so that the calls are told apart and counted as recorded.
-        # The mode rests in the modules under those callers that call no function op
-        # (quiet_modules): a ViT's position embedding is a function op of the root's
-        # own code, and without the rest every torch call of every block would pay the
-        # mode's Python check, host time no profile holds.
+        # The mode rests in the modules under those callers that call none of these
+        # function ops (quiet_modules): a ViT's position embedding is a function op of
+        # the root's own code, and without the rest every torch call of every block
+        # would pay the mode's Python check, host time no profile holds. A function op
+        # the plan does not wrap (the blocks' attention in-projection at the ambient
+        # precision) needs no watching: it is at the ambient and fed by none at another
+        # precision (that would wrap it), so it neither casts nor consumes a kept output.
         hooked = {module_of(op) for op in self.wrapped}
         related = [o for o in self.model_json_ops
                    if o.get("call") == "function" and module_of(o["name"]) in hooked]
         scopes = {o.get("caller", "") for o in related}
-        quiet = quiet_modules(self.model, scopes, {
-            o.get("caller", "") for o in self.model_json_ops if o.get("call") == "function"})
+        quiet = quiet_modules(self.model, scopes, scopes)
 
         def heard(n):  # under a scope, and not in a quiet module
             return any(within(n, s) for s in scopes) and not any(within(n, q) for q in quiet)

@@ -282,9 +282,10 @@ class AnyModule(unittest.TestCase):
         _parameters_in((torch.ones(1), 3, "s", None), owners, found)
         self.assertEqual(found, [])
 
-    def test_function_mode_rests_in_modules_without_function_ops(self):
+    def test_function_mode_rests_in_modules_without_wrapped_function_ops(self):
         # A ViT's shape: the position embedding is a function op of the root's own code,
-        # the blocks (in a ModuleList, which is never called) call none. With the
+        # the blocks (in a ModuleList, which is never called) call only function ops of
+        # their own (a layer scale) that the plan leaves at the ambient. With the
         # embedding wrapped the mode runs in the root's code only: the blocks' torch
         # calls never reach it, and the step's numbers are those of a mode that sees all.
         import qsync.apply_plan as apm
@@ -294,12 +295,13 @@ class AnyModule(unittest.TestCase):
             def __init__(self):
                 super().__init__()
                 self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+                self.gamma = nn.Parameter(torch.full((8,), 0.5))
 
             def forward(self, x):
                 q, k, v = self.qkv(x).reshape(x.shape[0], x.shape[1], 3, 2, 4).unbind(2)
                 a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                    v.transpose(1, 2))
-                return x + self.proj(a.transpose(1, 2).reshape(x.shape))
+                return x + self.gamma * self.proj(a.transpose(1, 2).reshape(x.shape))
 
         class Vit(nn.Module):
             def __init__(self):
@@ -325,6 +327,8 @@ class AnyModule(unittest.TestCase):
         mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "vit")
         fop = next(o for o in mj["ops"] if o.get("call") == "function")
         self.assertEqual(fop["caller"], "")
+        self.assertEqual(sorted(o["caller"] for o in mj["ops"] if o.get("call") == "function"),
+                         ["", "blocks.0", "blocks.1", "blocks.2"])
         self.assertEqual(attribution.quiet_modules(model, {""}, {""}),
                          {"embed", "blocks.0", "blocks.1", "blocks.2", "head"})
         # a block whose own code calls one is looked into: its children rest, it does not
