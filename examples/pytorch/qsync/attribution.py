@@ -110,8 +110,8 @@ def within(name: str, module: str) -> bool:
 
 def quiet_modules(model: torch.nn.Module, scopes: set, callers: set) -> set:
     """The largest modules under the ``scopes`` (module names) whose code, their
-    children's included, calls no function op: no name in ``callers`` (the modules that
-    call one, export's ``"caller"``) is theirs or under theirs. OpTracker's function mode
+    children's included, calls none of the function ops watched: no name in ``callers``
+    (the modules that call one, export's ``"caller"``) is theirs or under theirs. OpTracker's function mode
     can rest while they run. Containers that are never called (ModuleList, ModuleDict)
     are looked into instead: their entries are the modules that run."""
     def calls_functions(name):
@@ -199,8 +199,9 @@ class OpTracker:
     is active or, given ``scopes`` (module names), only while one of those modules'
     forward runs (the leaves under them must be among ``leaves``, so that their own
     calls are told apart), and never while one of the ``quiet`` modules' forward runs
-    (modules whose code, children included, calls no function op: the mode's Python
-    check on each of their torch calls would be host time for nothing).
+    (modules whose code, children included, calls none of the function ops the user
+    watches: the mode's Python check on each of their torch calls would be host time
+    for nothing).
     ``callers=True`` keeps ``caller()``: the innermost non-leaf module running, the one
     whose code calls a function op (its scope). Calls are
     counted per module and iteration (the root's forward starts one), so every user
