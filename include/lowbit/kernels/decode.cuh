@@ -44,21 +44,15 @@ struct packed_group {
   std::uint32_t words[Codec::bits];
   typename Codec::meta_type meta;
 
-  __device__ __forceinline__ void load(const std::byte* frame, std::size_t codes_offset,
-                                       std::size_t group) {
-    load_words<Codec::bits>(frame + codes_offset + group * Codec::group_bytes, words);
-    meta = load_meta<typename Codec::meta_type>(frame, group / Codec::groups_per_block);
-  }
-  /// load, with the group's byte offsets in a frame (its words', its meta's) precomputed.
-  __device__ __forceinline__ void load_at(const std::byte* frame, std::size_t words_at,
-                                          std::size_t meta_at) {
-    load_words<Codec::bits>(frame + words_at, words);
-    meta = *reinterpret_cast<const typename Codec::meta_type*>(frame + meta_at);
-  }
-  /// load, from the group's words and its meta in a frame.
+  /// Loads the group's words and its meta from where they lie in a frame.
   __device__ __forceinline__ void load_from(const std::byte* words_at, const std::byte* meta_at) {
     load_words<Codec::bits>(words_at, words);
     meta = *reinterpret_cast<const typename Codec::meta_type*>(meta_at);
+  }
+  /// load_from, with the group's byte offsets in `frame` (its words', its meta's).
+  __device__ __forceinline__ void load_at(const std::byte* frame, std::size_t words_at,
+                                          std::size_t meta_at) {
+    load_from(frame + words_at, frame + meta_at);
   }
   /// The group's values in fp32, as the host decodes them (Quantizer::dequantize per code).
   __device__ __forceinline__ void decode(float (&y)[32]) const {
@@ -81,9 +75,9 @@ struct packed_group {
 /// 434 us for 2^28 values). fp32 outputs are held to 3 CTAs (80 registers): left free ptxas
 /// takes 96 at 1, 2 and 4 bits, 2 CTAs of 8 warps an SM, and the one-shot reduce of 4 and 8
 /// frames, bound by the latency of its loads (ncu: warps waiting on global loads), had 16
-/// warps an SM to keep them in flight; at 80 it has 24, for a spill of 16 bytes outside the
-/// frame loop (a few local loads and stores a tile) and no more instructions in it. Not
-/// measured on a GPU yet.
+/// warps an SM to keep them in flight; at 80 it has 24 (ncu on one H100: 22), and its fp32
+/// 4-bit ratio to a copy went 0.870 -> 0.944 (4 frames) and 0.815 -> 0.906 (8) against the
+/// same kernel left free (docs/results/2026-12-06-codec-ab-one-h100.md).
 template <class T>
 inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 3;
 

@@ -54,12 +54,8 @@ __device__ __forceinline__ void store_words(std::byte* p, const std::uint32_t (&
   }
 }
 
-/// Block `block`'s metadata of a frame (the meta section starts the frame, which is
+/// Block `block`'s metadata into a frame (the meta section starts the frame, which is
 /// 16-byte aligned; every meta type is a struct of floats).
-template <class Meta>
-__device__ __forceinline__ Meta load_meta(const std::byte* frame, std::size_t block) {
-  return reinterpret_cast<const Meta*>(frame)[block];
-}
 template <class Meta>
 __device__ __forceinline__ void store_meta(std::byte* frame, std::size_t block, const Meta& m) {
   reinterpret_cast<Meta*>(frame)[block] = m;

@@ -53,12 +53,10 @@ struct codec_walk : warp_walk {
   std::size_t tiles;
   std::size_t codes_offset;
 
-  __device__ __forceinline__ explicit codec_walk(std::size_t count)
-      : blocks(Codec::num_blocks(count)),
-        tiles(tile_count<Layout>(blocks)),
-        codes_offset(Codec::codes_offset(count)) {}
   __device__ __forceinline__ explicit codec_walk(const codec_extent& e)
       : blocks(e.blocks), tiles(e.tiles), codes_offset(e.codes_offset) {}
+  __device__ __forceinline__ explicit codec_walk(std::size_t count)
+      : codec_walk(make_codec_extent<Codec, Layout>(count)) {}
 };
 
 /// One warp tile of `count` values laid out by `Layout` (a lane_layout), seen from `lane`:
