@@ -317,7 +317,10 @@ def uniform_step_context(model, precision, model_json, device):
 def training_step(torch, model, opt, forward_loss, context):
     """One training step as profiled and as measured: the same code in both. Given a
     list, `step(host)` appends the host time up to the final synchronize (ms): the host
-    never waits for the GPU before it, so that is the step's host work."""
+    never waits for the GPU before it, so that is the step's host work. It also appends
+    that step's host phases to ``step.phases``: (forward, backward) ms, from the step's
+    start to the loss and from there to the end of ``loss.backward()`` (the optimizer
+    step is the rest): where the host spends its time decides when the GPU can run."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
     def step(host=None):
@@ -325,13 +328,17 @@ def training_step(torch, model, opt, forward_loss, context):
         opt.zero_grad(set_to_none=True)
         with context():
             loss = forward_loss()
+        tf = time.perf_counter()
         loss.backward()
+        tb = time.perf_counter()
         opt.step()
         t1 = time.perf_counter()
         sync()
         if host is not None:
             host.append(1000.0 * (t1 - t0))
+            step.phases.append((1000.0 * (tf - t0), 1000.0 * (tb - tf)))
 
+    step.phases = []
     return step
 
 
@@ -500,7 +507,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
             for _ in range(2):  # settle
                 step()
             host = timed_steps(args, step, host_iters)[1]
-            host_log[p] = {"profiling": host, "rounds": []}
+            host_log[p] = {"profiling": host, "rounds": [],
+                           "phases": {"profiling": step.phases[-len(host):], "rounds": []}}
             qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
                           qm.host_trace([qm.median(host)]))
             log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
@@ -540,7 +548,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     # the host's drift over minutes is in both (their medians over all rounds).
     stage["now"] = "measure"
     cuda = torch.cuda.is_available()
-    res = {pn: {"times": [], "host": []} for pn in plans}
+    res = {pn: {"times": [], "host": [], "phases": []} for pn in plans}
     for r in range(rounds):
         for p in precisions:
             opt = new_optimizer(torch, model)
@@ -550,6 +558,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                     step()
                 host_log[p]["rounds"].append(
                     timed_steps(args, step, -(-host_iters // rounds))[1])
+                host_log[p]["phases"]["rounds"].append(step.phases)
             del opt, step
             gc.collect()
         for pn, pl in plans.items():
@@ -566,6 +575,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                     res[pn]["summary"] = ap.summary()
                 res[pn]["times"].append(times)
                 res[pn]["host"].append(host)
+                res[pn]["phases"].append(step.phases[-len(host):])
             del opt, step
             gc.collect()
         log("%s: round %d of %d measured" % (name, r + 1, rounds))
@@ -573,8 +583,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
         trace_plans(args, name, plans, model, forward_loss, records, model_json, tdir,
                     profile_steps)
     host_times[name] = {"precisions": host_log,
-                        "plans": {pn: {"times": v["times"], "host": v["host"]}
-                                  for pn, v in res.items()}}
+                        "plans": {pn: {"times": v["times"], "host": v["host"],
+                                       "phases": v["phases"]} for pn, v in res.items()}}
     qm.write_json(os.path.join(out, "host_times.json"), host_times)
     for pn, v in res.items():
         times = [t for rr in v["times"] for t in rr]
