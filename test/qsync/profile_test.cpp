@@ -150,6 +150,43 @@ TEST_CASE("add_profile: op GPU and host times, the measured tail, overhead from 
   REQUIRE(detail::water_level({{0.15, 1}, {0.11, 1}, {0.05, 1}, {0.04, 1}}, 0.07) == Approx(0.095));
 }
 
+TEST_CASE("add_profile: each host phase loses its own instrumentation excess") {
+  const op_graph g = ab_graph();
+  const json tr = json::parse(instrumented);
+  // Instrumented: forward from 0 to b.backward's start at 420, less the 40 us sync; the
+  // backward from there to a.backward's end at 490.
+  const trace_ranges r = read_trace_ranges(tr);
+  REQUIRE(r.forward_host_ms == Approx(0.380));
+  REQUIRE(r.backward_host_ms == Approx(0.070));
+  // Timed without a profiler: 800 us of host, 300 of them forward and 60 backward.
+  const json pl = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 900, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "qsync.forward", "ts": 0, "dur": 300, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "qsync.backward", "ts": 300, "dur": 60, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 800, "dur": 100, "pid": 1, "tid": 1}]})");
+  const trace_ranges q = read_trace_ranges(pl);
+  REQUIRE(q.forward_host_ms == Approx(0.300));
+  REQUIRE(q.backward_host_ms == Approx(0.060));
+  measured_table u;
+  add_profile(u, tr, precision::fp16, g, &pl);
+  // Forward: 80 us of excess over a (150) and b (110), 40 each; backward: 10 over 50 and 40.
+  REQUIRE(u.find_host("a", precision::fp16)->forward_ms == Approx(0.110));
+  REQUIRE(u.find_host("b", precision::fp16)->forward_ms == Approx(0.070));
+  REQUIRE(u.find_host("b", precision::fp16)->backward_ms == Approx(0.045));
+  REQUIRE(u.find_host("a", precision::fp16)->backward_ms == Approx(0.035));
+  REQUIRE(u.find_tail(precision::fp16)->cpu_ms == Approx(0.800 - 0.260));
+  // A phase whose plain time exceeds the instrumented one keeps its ranges whole.
+  const json slow_bwd = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 800, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "qsync.forward", "ts": 0, "dur": 300, "pid": 1, "tid": 1},
+    {"ph": "X", "cat": "user_annotation", "name": "qsync.backward", "ts": 300, "dur": 100, "pid": 1, "tid": 1}]})");
+  measured_table v;
+  add_profile(v, tr, precision::fp16, g, &slow_bwd);
+  REQUIRE(v.find_host("b", precision::fp16)->backward_ms == Approx(0.050));
+  REQUIRE(v.find_host("a", precision::fp16)->forward_ms == Approx(0.110));
+  REQUIRE(v.find_tail(precision::fp16)->cpu_ms == Approx(0.800 - 0.270));
+}
+
 // The code between the ops: "a" and "b" forward on the main thread with an add launched
 // between them (at 170), a loss launched on the main thread after "b" (at 320), its
 // backward on autograd's thread before "b.backward" (at 410), and the optimizer after the

@@ -21,7 +21,7 @@ import gzip
 import json
 import os
 import statistics
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 BACKWARD_SUFFIX = ".backward"
 
@@ -332,14 +332,35 @@ def ambient_precision(precisions: Dict[str, str]) -> str:
     return max(counts, key=lambda p: (counts[p], RANK.index(p)))
 
 
-def host_trace(host_ms: List[float]) -> dict:
+def host_trace(host_ms: List[float], phases: Optional[List[Tuple[float, float]]] = None) -> dict:
     """A trace holding only ProfilerStep ranges of the given host times (ms): the host
     side of iterations timed without any profiler (validate.py times the step up to its
-    final synchronize), which lowbit-plan takes as the un-instrumented trace."""
-    return {"traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k, "ts": 1e6 * k,
-         "dur": 1000.0 * ms, "pid": 0, "tid": 0} for k, ms in enumerate(host_ms)],
-        "lowbit": {"source": "host time per step, timed without a profiler"}}
+    final synchronize), which lowbit-plan takes as the un-instrumented trace. With
+    `phases` (one (forward, backward) ms pair per step), each step also holds its
+    ``qsync.forward`` and ``qsync.backward`` ranges, one after the other from its start:
+    lowbit-plan then takes each phase's profiler excess off that phase's op ranges."""
+    events = []
+    for k, ms in enumerate(host_ms):
+        ts = 1e6 * k
+        events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k,
+                       "ts": ts, "dur": 1000.0 * ms, "pid": 0, "tid": 0})
+        if phases:
+            fwd, bwd = phases[k]
+            events.append({"ph": "X", "cat": "user_annotation", "name": "qsync.forward",
+                           "ts": ts, "dur": 1000.0 * fwd, "pid": 0, "tid": 0})
+            events.append({"ph": "X", "cat": "user_annotation", "name": "qsync.backward",
+                           "ts": ts + 1000.0 * fwd, "dur": 1000.0 * bwd, "pid": 0, "tid": 0})
+    return {"traceEvents": events,
+            "lowbit": {"source": "host time per step, timed without a profiler"}}
+
+
+def median_phases(phases) -> Optional[List[Tuple[float, float]]]:
+    """[(median forward, median backward)] of (forward, backward) ms pairs, or None for
+    none: the phases of host_trace's one step of median host time."""
+    phases = [tuple(x) for x in phases or []]
+    if not phases:
+        return None
+    return [(median([f for f, _ in phases]), median([b for _, b in phases]))]
 
 
 def write_csv(path: str, fields, rows) -> str:

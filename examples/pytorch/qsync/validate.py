@@ -510,7 +510,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
             host_log[p] = {"profiling": host, "rounds": [],
                            "phases": {"profiling": step.phases[-len(host):], "rounds": []}}
             qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
-                          qm.host_trace([qm.median(host)]))
+                          qm.host_trace([qm.median(host)],
+                                        qm.median_phases(host_log[p]["phases"]["profiling"])))
             log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
@@ -751,11 +752,15 @@ def host_truth_traces(out, kind):
         return "host"
     for name, case in qm.read_json(path).items():
         for p, d in case["precisions"].items():
-            rounds = [h for r in d["rounds"] for h in r]
-            samples = {"rounds": rounds, "profiling": d["profiling"],
-                       "all": d["profiling"] + rounds}[kind] or d["profiling"]
+            # The host phases of the same samples (runs before they were timed have none).
+            ph = d.get("phases", {})
+            by_kind = {"rounds": ([h for r in d["rounds"] for h in r],
+                                  [x for r in ph.get("rounds", []) for x in r]),
+                       "profiling": (d["profiling"], ph.get("profiling", []))}
+            by_kind["all"] = tuple(a + b for a, b in zip(by_kind["profiling"], by_kind["rounds"]))
+            samples, phases = by_kind[kind] if by_kind[kind][0] else by_kind["profiling"]
             qm.write_json(os.path.join(out, "traces", "%s_%s_host_%s.json.gz" % (name, p, kind)),
-                          qm.host_trace([qm.median(samples)]))
+                          qm.host_trace([qm.median(samples)], qm.median_phases(phases)))
     return "host_" + kind
 
 

@@ -95,7 +95,19 @@ struct trace_ranges {
   double host_ms = -1;
   /// Iterations seen (ProfilerStep ranges, else the most frequent range's count).
   int iterations = 0;
+  /// The host's two phases per iteration, ms, less synchronising calls (-1 where the trace
+  /// does not show them): forward, from the iteration's start to its first backward range
+  /// (`N.backward`), and backward, from there to the end of its last one; in a trace of
+  /// host times timed without a profiler, its `qsync.forward` and `qsync.backward`
+  /// ranges (qsync_model.host_trace). add_profile takes each phase's instrumentation
+  /// excess off that phase's ranges: where the host spends its time decides when the GPU
+  /// can run.
+  double forward_host_ms = -1, backward_host_ms = -1;
 };
+
+/// The names of the host phases in a trace timed without a profiler (trace_ranges).
+inline constexpr const char* forward_phase = "qsync.forward";
+inline constexpr const char* backward_phase = "qsync.backward";
 
 namespace detail {
 // True for runtime calls in which the host waits for the GPU.
@@ -143,6 +155,43 @@ struct host_range {
   std::string thread;
 };
 
+// Fills out.forward_host_ms and out.backward_host_ms (see trace_ranges): the means over
+// the steps (sorted by start) that show both phases, `ranges` sorted by start, less what
+// `waited(a, b)` says the host spent in synchronising calls in [a, b].
+template <class Waited>
+void read_phases(const std::vector<const host_range*>& steps,
+                 const std::vector<const host_range*>& ranges, Waited waited, trace_ranges& out) {
+  double fwd = 0, bwd = 0;
+  int n = 0;
+  for (const host_range* s : steps) {
+    const double s1 = s->ts + s->dur;
+    double named_f = -1, named_b = -1, first = -1, last = -1;
+    for (const host_range* r : ranges) {
+      if (r->ts < s->ts || r->ts > s1) continue;
+      if (r->name == forward_phase) named_f = r->dur - waited(r->ts, r->ts + r->dur);
+      if (r->name == backward_phase) named_b = r->dur - waited(r->ts, r->ts + r->dur);
+      if (op_of_range(r->name).second) {
+        if (first < 0) first = r->ts;
+        last = std::max(last, r->ts + r->dur);
+      }
+    }
+    if (named_f >= 0 && named_b >= 0) {
+      fwd += named_f;
+      bwd += named_b;
+    } else if (first >= 0) {
+      fwd += (first - s->ts) - waited(s->ts, first);
+      bwd += (last - first) - waited(first, last);
+    } else {
+      continue;
+    }
+    ++n;
+  }
+  if (n > 0) {
+    out.forward_host_ms = fwd / 1000.0 / n;
+    out.backward_host_ms = bwd / 1000.0 / n;
+  }
+}
+
 // Fills out.cpu_ms and out.host_ms (see trace_ranges) from the user ranges, the
 // synchronising calls and the host events of every thread.
 inline void read_host_times(const std::vector<host_range>& ranges,
@@ -169,6 +218,14 @@ inline void read_host_times(const std::vector<host_range>& ranges,
     }
     out.host_ms = h / 1000.0 / static_cast<double>(steps.size());
   }
+  read_phases(
+      steps, ops,
+      [&](double a, double b) {
+        double w = 0;
+        for (const auto& [thread, v] : syncs) w += covered(v, a, b);
+        return w;
+      },
+      out);
   std::map<std::string, double> sum;
   std::map<std::string, int> count;
   std::map<std::string, std::pair<const host_range*, double>> last;  // thread -> (step, end)
@@ -471,7 +528,11 @@ inline double water_level(const std::vector<std::pair<double, double>>& xw, doub
 /// `c` with `sum max(0, x_i - c) = sum x_i - E`, none below 0; the tail keeps its
 /// measured host time. When E exceeds all op ranges' host time, ops get 0 and the tail
 /// `H_plain`; when E < 0 (noise), op times stay and the tail is what is left of
-/// `H_plain` (never below 0). Op and tail host times then add up to `H_plain`. Returns
+/// `H_plain` (never below 0). Where both traces show the host's phases
+/// (trace_ranges::forward_host_ms), each phase's excess is taken off its own ranges in
+/// the same way (the forward's ranges and the backward's), so that the host keeps the
+/// split between them it has without a profiler. Op and tail host times then add up to
+/// `H_plain`. Returns
 /// the names of ranges that are not ops of `graph`.
 inline std::vector<std::string> add_profile(measured_table& table, const nlohmann::json& trace,
                                             precision p, const op_graph& graph,
@@ -480,34 +541,47 @@ inline std::vector<std::string> add_profile(measured_table& table, const nlohman
   table = measured_from_trace(trace, p, graph, &skipped, std::move(table));
   const trace_ranges r = read_trace_ranges(trace, &graph);
   const double iterations = std::max(r.iterations, 1);
-  std::vector<std::pair<double, double>> xw;  // op ranges' host time, per-iteration count
-  double ops_host = 0;
+  // The op ranges' host times (and per-iteration counts), forward [0] and backward [1].
+  std::vector<std::pair<double, double>> xw[2];
+  double ops_host[2] = {0, 0};
   for (const auto& [name, ms] : r.cpu_ms)
-    if (graph.find(detail::op_of_range(name).first)) {
-      xw.push_back({ms, r.occurrences.at(name) / iterations});
-      ops_host += ms * xw.back().second;
+    if (const auto [base, bwd] = detail::op_of_range(name); graph.find(base)) {
+      xw[bwd].push_back({ms, r.occurrences.at(name) / iterations});
+      ops_host[bwd] += ms * xw[bwd].back().second;
     }
-  double overhead = 0, tail_host = r.host_ms >= 0 ? std::max(0.0, r.host_ms - ops_host) : -1.0;
+  double overhead[2] = {0, 0};
+  double tail_host = r.host_ms >= 0 ? std::max(0.0, r.host_ms - ops_host[0] - ops_host[1]) : -1.0;
   if (plain) {
     const trace_ranges q = read_trace_ranges(*plain);
     LOWBIT_EXPECTS(q.host_ms >= 0, "the un-instrumented trace has no ProfilerStep ranges");
-    const double excess = r.host_ms >= 0 ? r.host_ms - q.host_ms : 0.0;
-    if (excess >= ops_host) {
-      overhead = std::numeric_limits<double>::infinity();
-      tail_host = q.host_ms;
-    } else if (excess > 0) {
-      overhead = detail::water_level(xw, ops_host - excess);
-      tail_host = q.host_ms - (ops_host - excess);
+    // Excess `e` taken off ranges holding `ops` ms: their cost each, and what they keep.
+    const auto take = [](const std::vector<std::pair<double, double>>& x, double ops, double e,
+                         double& cost) {
+      if (e >= ops) return cost = std::numeric_limits<double>::infinity(), 0.0;
+      if (e > 0) return cost = detail::water_level(x, ops - e), ops - e;
+      return cost = 0.0, ops;
+    };
+    double kept = 0;
+    if (q.forward_host_ms >= 0 && r.forward_host_ms >= 0 && r.host_ms >= 0) {
+      // Each phase loses its own excess: the profiler's cost per range differs between the
+      // forward (Python module calls) and the backward (autograd's thread).
+      kept += take(xw[0], ops_host[0], r.forward_host_ms - q.forward_host_ms, overhead[0]);
+      kept += take(xw[1], ops_host[1], r.backward_host_ms - q.backward_host_ms, overhead[1]);
     } else {
-      tail_host = std::max(0.0, q.host_ms - ops_host);
+      std::vector<std::pair<double, double>> all = xw[0];
+      all.insert(all.end(), xw[1].begin(), xw[1].end());
+      kept = take(all, ops_host[0] + ops_host[1], r.host_ms >= 0 ? r.host_ms - q.host_ms : 0.0,
+                  overhead[0]);
+      overhead[1] = overhead[0];
     }
+    tail_host = std::max(0.0, q.host_ms - kept);
   }
   std::map<std::string, op_time> found;
   for (const auto& [name, ms] : r.cpu_ms) {
     const auto [base, bwd] = detail::op_of_range(name);
     if (!graph.find(base)) continue;
     auto it = found.emplace(base, op_time{-1.0, -1.0}).first;
-    (bwd ? it->second.backward_ms : it->second.forward_ms) = std::max(0.0, ms - overhead);
+    (bwd ? it->second.backward_ms : it->second.forward_ms) = std::max(0.0, ms - overhead[bwd]);
   }
   for (const auto& [name, t] : found) table.set_host(name, p, t);
   table.set_tail(p, {tail_ms(r, graph), tail_host});

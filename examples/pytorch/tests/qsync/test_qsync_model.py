@@ -248,6 +248,31 @@ class HostTruth(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:  # an older OUT: the profiling trace
             self.assertEqual(validate.host_truth_traces(out, "rounds"), "host")
 
+    def test_host_truth_with_phases(self):
+        # The samples' host phases (forward, backward) go with their median step, as the
+        # qsync.forward and qsync.backward ranges lowbit-plan reads (trace_loader.hpp).
+        from qsync import validate
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, "traces"))
+            qm.write_json(os.path.join(out, "host_times.json"), {"m": {"precisions": {
+                "fp32": {"profiling": [1.0, 2.0, 3.0], "rounds": [[10.0, 12.0], [11.0]],
+                         "phases": {"profiling": [[0.5, 0.3], [1.0, 0.6], [1.5, 0.9]],
+                                    "rounds": [[[6.0, 3.0], [7.0, 4.0]], [[6.5, 2.0]]]}}},
+                "plans": {}}})
+
+            def phases(kind):
+                validate.host_truth_traces(out, kind)
+                t = qm.read_json(os.path.join(out, "traces", "m_fp32_host_%s.json.gz" % kind))
+                return {e["name"]: (e["ts"], e["dur"] / 1000.0) for e in t["traceEvents"]}
+
+            r = phases("rounds")
+            self.assertEqual(r["ProfilerStep#0"], (0.0, 11.0))
+            self.assertEqual(r["qsync.forward"], (0.0, 6.5))
+            self.assertEqual(r["qsync.backward"], (6500.0, 3.0))
+            self.assertEqual(phases("profiling")["qsync.backward"][1], 0.6)
+            self.assertEqual(phases("all")["qsync.forward"][1], 1.5 + (6.0 - 1.5) / 2)
+        self.assertNotIn("qsync.forward", str(qm.host_trace([2.0])))  # no phases: none
+
 
 class Smoke(unittest.TestCase):
     @unittest.skipUnless(_has_torch() and os.environ.get("LOWBIT_PLAN"),
