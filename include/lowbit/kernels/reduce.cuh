@@ -30,11 +30,25 @@
 namespace lowbit::kernels {
 namespace detail {
 
-/// Two CTAs per SM: left alone, ptxas gave the 8-bit sum with a second-stage fp32 residual
-/// 137 registers once the header check was added (one CTA of 8 warps an SM); the cap of 128
-/// keeps two, as every other instantiation had.
+/// The registers a thread of reduce_kernel<Codec, T, Feedback> may use. The sum is bound
+/// by its instructions with 4-warp CTAs (docs/design.md, "The codec kernels"), so more
+/// warps an SM issue more often: 96 registers give 5 CTAs an SM where 128 gave 4, and
+/// ptxas (sm_90, nvcc 13) fits every instantiation without a second-stage state in 96
+/// without a spill, but 8-bit stochastic rounding (8-16 bytes). A second-stage residual
+/// spills 250-640 bytes at 96, so it and 8-bit stochastic rounding keep 128: two CTAs of
+/// launch_policy::max_threads (left alone, ptxas gave the 8-bit sum with an fp32
+/// residual 137 registers, one CTA of 8 warps an SM).
+template <class Codec, class Feedback>
+constexpr int reduce_max_registers() {
+  constexpr bool stochastic8 =
+      Codec::bits > 4 && std::is_same_v<typename Codec::rounding_type, lowbit::round::stochastic>;
+  return staged_feedback<Feedback>::value || stochastic8 ? 128 : 96;
+}
+static_assert(96 * launch_policy::max_threads <= 65536 && 128 * launch_policy::max_threads <= 65536,
+              "a CTA of launch_policy::max_threads must fit an SM's 64 Ki registers");
+
 template <class Codec, class T, class Feedback>
-__global__ void __launch_bounds__(launch_policy::max_threads, 2)
+__global__ void __maxnreg__((reduce_max_registers<Codec, Feedback>()))
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
