@@ -30,10 +30,11 @@ enum class pass { encode, decode, reduce };
 ///
 /// Hopper (9.x) and later: encode and decode run 8-warp CTAs with the grid capped at
 /// 4 CTAs x 8 waves per SM (up to 4 CTAs of 8 warps fit an SM: 36 KiB of staging each,
-/// under 64 registers a thread); decode-accumulate-encode (about 128 registers a thread)
-/// runs 4-warp CTAs, 8 per SM. Measured on an H200 at 256 MiB, 4-bit codes (see
-/// docs/performance.md): 3-5% over {256, 2 x 4} for encode and decode, 3-11% for the
-/// reduction. Older GPUs get the same shapes, unmeasured.
+/// under 64 registers a thread); decode-accumulate-encode (96 registers a thread, 128
+/// with a second-stage state: reduce_max_registers) runs 4-warp CTAs, 8 per SM at most.
+/// Measured on an H200 at 256 MiB, 4-bit codes (see docs/performance.md): 3-5% over
+/// {256, 2 x 4} for encode and decode, 3-11% for the reduction. Older GPUs get the same
+/// shapes, unmeasured.
 constexpr launch_policy select_launch_policy(int major, int minor = 0, pass k = pass::encode) {
   (void)minor;
   (void)major;

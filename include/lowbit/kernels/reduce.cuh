@@ -87,7 +87,7 @@ __global__ void __maxnreg__((reduce_max_registers<Codec, Feedback>()))
     float c[32];
     if (t.live) {
       // Frame p + 1's group is loaded before frame p's is decoded (up to 8 bits: wider
-      // codes would spill under the cap of 128 registers), so a lane keeps two loads in
+      // codes would spill under the register cap), so a lane keeps two loads in
       // flight: with one, a CTA of 4 warps has 2 KiB of 4-bit codes in flight, and the
       // frames' reads wait on latency, not bandwidth.
       constexpr bool prefetch = Codec::bits <= 8;
