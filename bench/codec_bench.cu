@@ -117,6 +117,17 @@ void run_timed(benchmark::State& state, double bytes, double copy_gbps,
   state.counters["bytes"] = bytes;
 }
 
+/// The write-only roofline of a pass that mostly writes (a decode writes 2 or 4 bytes a
+/// value and reads 1/8 to 1 of a byte): 16-byte stores of values that differ, in a grid
+/// shaped as the decode's (4 CTAs of 8 warps an SM, 8 waves), no reads.
+__global__ void write_only(float4* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float v = static_cast<float>(i);
+    out[i] = make_float4(v, v, v, v);
+  }
+}
+
 /// Regions of `size` bytes to rotate over inside a buffer of `total` bytes.
 std::size_t regions(std::size_t size, std::size_t total) {
   return std::max<std::size_t>(1, std::min<std::size_t>(8, total / std::max<std::size_t>(size, 1)));
@@ -615,6 +626,26 @@ int main(int argc, char** argv) {
             cudaMemcpyAsync(static_cast<char*>(bb.out) + k * size,
                             static_cast<const char*>(bb.in) + k * size, size,
                             cudaMemcpyDeviceToDevice);
+          });
+        })
+        ->UseManualTime()
+        ->MinTime(0.1)
+        ->Unit(benchmark::kMicrosecond);
+    // Not a row of the summary (no target): the log's ratio says how near a copy a pass
+    // that only writes can come on this card.
+    benchmark::RegisterBenchmark(
+        ("write/" + std::to_string(size / MiB) + "MiB").c_str(),
+        [size](benchmark::State& st) {
+          auto& bb = bufs();
+          const std::size_t r = regions(size, max_bytes);
+          int sms = 0;
+          BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+          const std::size_t n = size / sizeof(float4);
+          const unsigned grid =
+              static_cast<unsigned>(std::min<std::size_t>(std::size_t(sms) * 32, (n + 255) / 256));
+          run_timed(st, static_cast<double>(size), copy_gbps(size), [&](std::size_t i) {
+            float4* o = reinterpret_cast<float4*>(static_cast<char*>(bb.out) + (i % r) * size);
+            write_only<<<grid, 256>>>(o, n);
           });
         })
         ->UseManualTime()
