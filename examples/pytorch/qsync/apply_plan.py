@@ -94,7 +94,10 @@ class applied_plan:
     context a training step's forward and loss run in."""
 
     def __init__(self, model: torch.nn.Module, plan: dict, model_json: dict,
-                 device_type: str = "cuda"):
+                 device_type: str = "cuda", wrap_all: bool = False):
+        """`wrap_all`: wrap every op, at the precision the plan gives it (validate.py's
+        probe of what the wrappers cost this model's host: with a uniform plan, the hooks,
+        autocast's enter and exit, the walks and the function mode, and no cast)."""
         self.model, self.device_type = model, device_type
         self.per_op: Dict[str, str] = plan_precisions(plan, model_json)
         modules = dict(model.named_modules())
@@ -128,6 +131,8 @@ class applied_plan:
         # that follow an input at another precision than the ambient.
         self.wrapped: Dict[str, str] = ops_to_wrap(self.per_op, model_json, self.ambient)
         self.wrapped.update({n: p for n, p in self.resolved.items() if p != self.ambient})
+        if wrap_all:
+            self.wrapped.update({n: p for n, p in self.resolved.items() if n not in self.wrapped})
         self.wrapped = {n: ("bf16" if p == "fp8" and n not in self.fp8_ops else p)
                         for n, p in self.wrapped.items()}
         self.consumers = consumer_counts(model_json)

@@ -397,6 +397,34 @@ def timed_steps(args, step, n):
     return times, host
 
 
+def wrap_cost(torch, args, model, opt, forward_loss, precision, model_json, device, pairs):
+    """What the plan applier's wrappers cost this model's host in the forward, per wrapped
+    op, at `precision`: every op wrapped (apply_plan's ``wrap_all``, a uniform plan: hooks,
+    autocast entered and left, the walks, the function mode; no cast) against the plain
+    uniform step, alternating, each side's second step after a switch timed; the median
+    of the pairs' forward phases' difference over the ops wrapped (ms, at least 0). The
+    switch probe's ``wrap_host_ms`` is measured on a chain of linears; a model's modules
+    take more (more arguments to walk, function ops whose callers the mode watches), and
+    by how much is the model's own."""
+    from . import export as ex
+    from .apply_plan import applied_plan
+
+    plain = training_step(torch, model, opt, forward_loss,
+                          lambda: ex.precision_context(precision, device))
+    diffs, wrapped = [], 0
+    for _ in range(pairs):
+        with applied_plan(model, qm.uniform_plan(precision), model_json, device_type=device,
+                          wrap_all=True) as ap:
+            wrapped = len(ap.wrapped)
+            step = training_step(torch, model, opt, forward_loss, ap.step_context)
+            timed_steps(args, step, 2)
+        timed_steps(args, plain, 2)
+        diffs.append(step.phases[-1][0] - plain.phases[-1][0])
+    per_op = max(0.0, qm.median(diffs) / wrapped) if wrapped else 0.0
+    return {"precision": precision, "wrapped": wrapped, "forward_ms_diffs": diffs,
+            "ms_per_op": per_op}
+
+
 def profile_with_ranges(model, step, records, path, steps):
     """Profiles `step` with a range per op (export.instrument; the function ops' mode
     only where the model has any) to the plain JSON trace `path`."""
@@ -470,6 +498,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
     profile_steps = spec.get("profile_steps", args.profile_steps)
     warmup = spec.get("warmup", args.warmup)
     host_log = {}
+    wraps = {}  # precision -> the wrappers' host cost a wrapped op (wrap_cost)
     traces = {}
     tdir = os.path.join(out, "traces")
     opt = new_optimizer(torch, model)
@@ -513,6 +542,15 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                           qm.host_trace([qm.median(host)],
                                         qm.median_phases(host_log[p]["phases"]["profiling"])))
             log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
+            if p != "fp8" and spec.get("wrap_pairs", args.wrap_pairs) > 0:
+                w = wrap_cost(torch, args, model, opt, forward_loss, p, model_json, device,
+                              spec.get("wrap_pairs", args.wrap_pairs))
+                host_log[p]["wrap"] = w
+                wraps[p] = w["ms_per_op"]
+                qm.write_json(os.path.join(tdir, "%s_wrap.json" % name),
+                              {"wrap_host_ms": qm.median(list(wraps.values())), "by_precision": wraps})
+                log("%s: the wrappers at %s: %.4f ms a wrapped op (%d ops wrapped)" % (
+                    name, p, w["ms_per_op"], w["wrapped"]))
     del opt, step  # the step holds the optimizer: its state must not stay allocated
     free_memory(torch)
     for o in model_json["ops"]:  # measured per precision in the loop, after the JSON
@@ -668,7 +706,14 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
     probe = os.path.join(out, SWITCH_PROBE)  # what a precision switch costs, measured
     if os.path.exists(probe):
         cluster["groups"][0]["device"].update(qm.read_json(probe)["device"])
-    cluster = qm.write_json(os.path.join(out, "cluster.json"), cluster)
+    path = qm.write_json(os.path.join(out, "cluster.json"), cluster)
+    # The wrappers' cost on this model's modules, measured at profiling (wrap_cost), in
+    # place of the probe's chain of linears.
+    wrap = os.path.join(tdir, "%s_wrap.json" % name)
+    if os.path.exists(wrap):
+        cluster["groups"][0]["device"]["wrap_host_ms"] = qm.read_json(wrap)["wrap_host_ms"]
+        path = qm.write_json(os.path.join(out, "cluster_%s.json" % name), cluster)
+    cluster = path
     a = ["--model", os.path.join(out, "%s.model.json" % name), "--cluster", cluster,
          "--traces", ",".join(inst)]
     if plain:
@@ -940,6 +985,10 @@ def parse_args(argv=None):
     ap.add_argument("--host-iters", type=int, default=30,
                     help="steps timed without a profiler for the host time per precision, "
                          "at profiling and again spread over the rounds")
+    ap.add_argument("--wrap-pairs", type=int, default=6,
+                    help="pairs of steps (every op wrapped, none) per precision at profiling "
+                         "that measure what the applier's wrappers cost this model's host "
+                         "(0: the switch probe's wrap_host_ms)")
     ap.add_argument("--rounds", type=int, default=10,
                     help="rounds the measurement is spread over, each timing every "
                          "precision's host side and then every plan (interleaved)")
