@@ -119,6 +119,28 @@ class AppliedPlan(unittest.TestCase):
             ap = self.run_plan({"default": "fp32", "ops": ops})
             self.assertEqual(ap.kept, {})  # nothing held past the step
 
+    def test_wrap_all_wraps_every_op_and_changes_nothing(self):
+        # validate.py's probe of the wrappers' host cost: a uniform plan with every op
+        # wrapped at its own precision computes what the unwrapped plan does.
+        def step(plan, wrap_all):
+            self.model.zero_grad(set_to_none=True)
+            with applied_plan(self.model, plan, self.model_json, device_type="cpu",
+                              wrap_all=wrap_all) as ap:
+                with ap.step_context():
+                    loss = self.step()
+                loss.backward()
+            return ap, loss.item(), {n: p.grad.clone() for n, p in self.model.named_parameters()}
+
+        for default in ("fp32", "bf16"):
+            plan = qm.uniform_plan(default)
+            _, loss, grads = step(plan, False)
+            ap, wrapped_loss, wrapped_grads = step(plan, True)
+            self.assertEqual(set(ap.wrapped), {o["name"] for o in self.model_json["ops"]})
+            self.assertEqual(set(ap.wrapped.values()), {default})
+            self.assertEqual(wrapped_loss, loss, default)
+            for n, g in grads.items():
+                self.assertTrue(torch.equal(wrapped_grads[n], g), (default, n))
+
     def test_hooks_only_on_wrapped_modules(self):
         # A module hook costs host time on every call, which no profile holds: a uniform
         # plan installs none, a mixed one only on the modules of the ops it wraps.
