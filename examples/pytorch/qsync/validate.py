@@ -985,10 +985,12 @@ def parse_args(argv=None):
     ap.add_argument("--host-iters", type=int, default=30,
                     help="steps timed without a profiler for the host time per precision, "
                          "at profiling and again spread over the rounds")
-    ap.add_argument("--wrap-pairs", type=int, default=6,
+    ap.add_argument("--wrap-pairs", type=int, default=0,
                     help="pairs of steps (every op wrapped, none) per precision at profiling "
-                         "that measure what the applier's wrappers cost this model's host "
-                         "(0: the switch probe's wrap_host_ms)")
+                         "that measure what the applier's wrappers cost this model's host, "
+                         "used in place of the switch probe's wrap_host_ms (default 0: the "
+                         "probe's; on four zoo cases on one H100 the model's own did not "
+                         "bring the wrapped plans' predictions nearer)")
     ap.add_argument("--rounds", type=int, default=10,
                     help="rounds the measurement is spread over, each timing every "
                          "precision's host side and then every plan (interleaved)")
