@@ -539,8 +539,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
             host_log[p] = {"profiling": host, "rounds": [],
                            "phases": {"profiling": step.phases[-len(host):], "rounds": []}}
             qm.write_json(os.path.join(tdir, "%s_%s_host.json.gz" % (name, p)),
-                          qm.host_trace([qm.median(host)],
-                                        qm.median_phases(host_log[p]["phases"]["profiling"])))
+                          qm.host_trace([qm.median(host)], qm.median_phases(
+                              host_log[p]["phases"]["profiling"]) if args.host_phases else None))
             log("%s: profiled %s (host %.2f ms)" % (name, p, qm.median(host)))
             if p != "fp8" and spec.get("wrap_pairs", args.wrap_pairs) > 0:
                 w = wrap_cost(torch, args, model, opt, forward_loss, p, model_json, device,
@@ -786,12 +786,13 @@ def with_profile_host(out, row, measured, host="host"):
     return out_row
 
 
-def host_truth_traces(out, kind):
+def host_truth_traces(out, kind, phases=False):
     """Writes traces/<case>_<p>_host_<kind>.json.gz from OUT/host_times.json (the median
     of the host samples of `kind`: ``rounds``, those timed in the measurement's rounds,
-    beside the plans; ``profiling``, those timed at profiling; ``all``) and returns the
-    trace kind plan_args reads: ``host_<kind>``, or ``host`` (timed at profiling) for an
-    OUT without host_times.json."""
+    beside the plans; ``profiling``, those timed at profiling; ``all``), with the median
+    forward and backward phases of the same samples where `phases` (``--host-phases``),
+    and returns the trace kind plan_args reads: ``host_<kind>``, or ``host`` (timed at
+    profiling) for an OUT without host_times.json."""
     path = os.path.join(out, "host_times.json")
     if not os.path.exists(path):
         return "host"
@@ -803,9 +804,10 @@ def host_truth_traces(out, kind):
                                   [x for r in ph.get("rounds", []) for x in r]),
                        "profiling": (d["profiling"], ph.get("profiling", []))}
             by_kind["all"] = tuple(a + b for a, b in zip(by_kind["profiling"], by_kind["rounds"]))
-            samples, phases = by_kind[kind] if by_kind[kind][0] else by_kind["profiling"]
+            samples, split = by_kind[kind] if by_kind[kind][0] else by_kind["profiling"]
             qm.write_json(os.path.join(out, "traces", "%s_%s_host_%s.json.gz" % (name, p, kind)),
-                          qm.host_trace([qm.median(samples)], qm.median_phases(phases)))
+                          qm.host_trace([qm.median(samples)],
+                                        qm.median_phases(split) if phases else None))
     return "host_" + kind
 
 
@@ -818,7 +820,7 @@ def predict(args):
     predicted, commands, predict_failures = {}, [], {}
     pdir = os.path.join(args.out, "predicted")
     os.makedirs(pdir, exist_ok=True)
-    host = host_truth_traces(args.out, args.host_truth)
+    host = host_truth_traces(args.out, args.host_truth, args.host_phases)
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []  # (measured row, argv, prediction's path), in the measured order
         gz = None
@@ -997,6 +999,11 @@ def parse_args(argv=None):
     ap.add_argument("--pin", choices=("none", "pin", "pin1"), default="none",
                     help="pin the process's threads while timing (host_drift.py)")
     ap.add_argument("--predict", action="store_true", help="only run lowbit-plan on OUT")
+    ap.add_argument("--host-phases", action="store_true",
+                    help="give lowbit-plan the host samples' forward and backward phases, so "
+                         "that each phase loses its own profiler excess (the phases are "
+                         "recorded either way, in host_times.json; on two runs of four zoo "
+                         "cases on one H100 they did not bring the predictions nearer)")
     ap.add_argument("--host-truth", choices=("rounds", "profiling", "all"), default="rounds",
                     help="the host samples lowbit-plan is given (OUT/host_times.json): "
                          "those timed in the measurement's rounds, beside the plans "

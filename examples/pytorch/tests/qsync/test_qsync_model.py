@@ -260,8 +260,12 @@ class HostTruth(unittest.TestCase):
                                     "rounds": [[[6.0, 3.0], [7.0, 4.0]], [[6.5, 2.0]]]}}},
                 "plans": {}}})
 
+            self.assertEqual(validate.host_truth_traces(out, "rounds"), "host_rounds")
+            t = qm.read_json(os.path.join(out, "traces", "m_fp32_host_rounds.json.gz"))
+            self.assertEqual([e["name"] for e in t["traceEvents"]], ["ProfilerStep#0"])
+
             def phases(kind):
-                validate.host_truth_traces(out, kind)
+                validate.host_truth_traces(out, kind, phases=True)
                 t = qm.read_json(os.path.join(out, "traces", "m_fp32_host_%s.json.gz" % kind))
                 return {e["name"]: (e["ts"], e["dur"] / 1000.0) for e in t["traceEvents"]}
 
