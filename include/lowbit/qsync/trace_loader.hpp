@@ -532,8 +532,7 @@ inline double water_level(const std::vector<std::pair<double, double>>& xw, doub
 /// (trace_ranges::forward_host_ms), each phase's excess is taken off its own ranges in
 /// the same way (the forward's ranges and the backward's), so that the host keeps the
 /// split between them it has without a profiler. Op and tail host times then add up to
-/// `H_plain`. Returns
-/// the names of ranges that are not ops of `graph`.
+/// `H_plain`. Returns the names of ranges that are not ops of `graph`.
 inline std::vector<std::string> add_profile(measured_table& table, const nlohmann::json& trace,
                                             precision p, const op_graph& graph,
                                             const nlohmann::json* plain = nullptr) {
@@ -557,9 +556,12 @@ inline std::vector<std::string> add_profile(measured_table& table, const nlohman
     // Excess `e` taken off ranges holding `ops` ms: their cost each, and what they keep.
     const auto take = [](const std::vector<std::pair<double, double>>& x, double ops, double e,
                          double& cost) {
-      if (e >= ops) return cost = std::numeric_limits<double>::infinity(), 0.0;
-      if (e > 0) return cost = detail::water_level(x, ops - e), ops - e;
-      return cost = 0.0, ops;
+      if (e >= ops) {
+        cost = std::numeric_limits<double>::infinity();
+        return 0.0;
+      }
+      cost = e > 0 ? detail::water_level(x, ops - e) : 0.0;
+      return e > 0 ? ops - e : ops;
     };
     double kept = 0;
     if (q.forward_host_ms >= 0 && r.forward_host_ms >= 0 && r.host_ms >= 0) {
