@@ -73,20 +73,34 @@ def _cast_one(t, dtype):
     return t.to(dtype) if t.dtype != dtype and t.is_floating_point() else t
 
 
+def _casting(dtype, pairs=None):
+    """A function for map_tensors that casts each distinct tensor to `dtype` once, however
+    many arguments hold it, appending (cast, original) to `pairs` (when given) for every
+    tensor the cast changed. A tensor passed as several arguments stays one tensor:
+    self-attention's query, key and value are one (nn.MultiheadAttention projects them
+    with one packed matmul when `query is key is value`, three apart, and three casts,
+    when not)."""
+    done = {}
+
+    def one(t):
+        y = done.get(id(t))
+        if y is None:
+            y = done[id(t)] = _cast_one(t, dtype)
+            if pairs is not None and y is not t:
+                pairs.append((y, t))
+        return y
+    return one
+
+
 def _cast(x, dtype):
     """Floating tensors in `x` (nested in tuples, lists, dicts, dataclasses) at `dtype`."""
-    return map_tensors(x, lambda t: _cast_one(t, dtype))
+    return map_tensors(x, _casting(dtype))
 
 
 def _cast_keeping(x, dtype, pairs):
     """`x` with its floating tensors cast to `dtype`; appends (cast, original) to
     `pairs` for every tensor the cast changed."""
-    def one(t):
-        y = _cast_one(t, dtype)
-        if y is not t:
-            pairs.append((y, t))
-        return y
-    return map_tensors(x, one)
+    return map_tensors(x, _casting(dtype, pairs))
 
 
 class applied_plan:
@@ -284,7 +298,8 @@ class applied_plan:
         # Inputs at the op's precision, as in the uniform profile: autocast would cast
         # a conv's or linear's anyway, but a norm (not on autocast's lists) follows
         # its input and would stay at fp32 after an fp32 op otherwise.
-        return _cast(args, DTYPES[p]), _cast(kwargs, DTYPES[p])
+        cast = _casting(DTYPES[p])
+        return map_tensors(args, cast), map_tensors(kwargs, cast)
 
     def _exit(self, op, args, kwargs, out):
         ctx = self.open.pop(op, None)

@@ -141,6 +141,48 @@ class AppliedPlan(unittest.TestCase):
             for n, g in grads.items():
                 self.assertTrue(torch.equal(wrapped_grads[n], g), (default, n))
 
+    def test_one_tensor_in_several_arguments_is_cast_once(self):
+        # Self-attention: nn.MultiheadAttention gets one tensor as query, key and value and
+        # projects it with one packed matmul when they are the same object. At fp32 in a
+        # bf16 step it takes its producer's bf16 output and casts it: its three arguments
+        # must stay one tensor.
+        class SelfAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inp = nn.Linear(8, 8)
+                self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+                self.head = nn.Linear(8, 4)
+
+            def forward(self, x):
+                h = self.inp(x)
+                return self.head(self.att(h, h, h, need_weights=False)[0])
+
+        torch.manual_seed(0)
+        model = SelfAttention()
+        x = torch.randn(2, 5, 8)
+        step = lambda: model(x).float().pow(2).mean()  # noqa: E731
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "sa")
+        seen = []
+        import torch.nn.functional as fn_mod
+        orig = fn_mod.multi_head_attention_forward
+
+        def spy(query, key, value, *a, **k):
+            seen.append((query is key, key is value, query.dtype))
+            return orig(query, key, value, *a, **k)
+
+        fn_mod.multi_head_attention_forward = spy
+        try:
+            with applied_plan(model, {"default": "bf16", "ops": {"att": "fp32"}}, mj,
+                              device_type="cpu") as ap:
+                self.assertEqual(ap.wrapped.get("att"), "fp32")
+                with ap.step_context():
+                    loss = step()
+                loss.backward()
+        finally:
+            fn_mod.multi_head_attention_forward = orig
+        self.assertTrue(seen)
+        self.assertEqual(seen[-1], (True, True, torch.float32))
+
     def test_hooks_only_on_wrapped_modules(self):
         # A module hook costs host time on every call, which no profile holds: a uniform
         # plan installs none, a mixed one only on the modules of the ops it wraps.
