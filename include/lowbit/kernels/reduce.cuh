@@ -47,8 +47,18 @@ constexpr int reduce_max_registers() {
 static_assert(96 * launch_policy::max_threads <= 65536 && 128 * launch_policy::max_threads <= 65536,
               "a CTA of launch_policy::max_threads must fit an SM's 64 Ki registers");
 
+// __maxnreg__ came with CUDA 12.4; an older nvcc compiles every instantiation for two
+// CTAs of launch_policy::max_threads (128 registers), as before the cap of 96.
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define LOWBIT_REDUCE_REGISTERS(Codec, Feedback) \
+  __maxnreg__((reduce_max_registers<Codec, Feedback>()))
+#else
+#define LOWBIT_REDUCE_REGISTERS(Codec, Feedback) __launch_bounds__(launch_policy::max_threads, 2)
+#endif
+
 template <class Codec, class T, class Feedback>
-__global__ void __maxnreg__((reduce_max_registers<Codec, Feedback>()))
+__global__ void LOWBIT_REDUCE_REGISTERS(Codec, Feedback)
     reduce_kernel(const std::byte* __restrict__ frames, std::size_t frame_stride, int num_frames,
                   std::size_t count, std::byte* __restrict__ out_frame, rng_key key,
                   std::uint64_t index0, Feedback fb, T* __restrict__ reduced_out,
@@ -180,6 +190,8 @@ __global__ void __maxnreg__((reduce_max_registers<Codec, Feedback>()))
     }
   }
 }
+
+#undef LOWBIT_REDUCE_REGISTERS
 
 template <class Codec, class Feedback, class T>
 void launch_reduce(const std::byte* frames, std::size_t frame_stride, int num_frames,
