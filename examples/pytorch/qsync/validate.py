@@ -722,12 +722,19 @@ def plan_args(out, name, tmp, precisions=None, gz=False, host="host"):
     return a
 
 
+_READS_GZ: dict = {}  # binary -> whether it read a case's gzipped traces
+
+
 def reads_gz(binary, out, name):
-    """True when `binary` reads gzipped traces (built with zlib)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = qm.write_json(os.path.join(tmp, "p.json"), qm.uniform_plan("fp32"))
-        argv = plan_args(out, name, tmp, gz=True) + ["--plan", plan]
-        return subprocess.run([binary] + argv, capture_output=True).returncode == 0
+    """True when `binary` reads gzipped traces (built with zlib); asked once a binary (a
+    lowbit-plan run a case, in a zoo of thirty)."""
+    if binary not in _READS_GZ:
+        with tempfile.TemporaryDirectory() as tmp:
+            plan = qm.write_json(os.path.join(tmp, "p.json"), qm.uniform_plan("fp32"))
+            argv = plan_args(out, name, tmp, gz=True) + ["--plan", plan]
+            _READS_GZ[binary] = subprocess.run([binary] + argv,
+                                               capture_output=True).returncode == 0
+    return _READS_GZ[binary]
 
 
 def lowbit_plan(binary, argv):
@@ -747,23 +754,26 @@ def allocator_plans(args, name, out, pdir):
     plans = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = plan_args(out, name, tmp, gz=reads_gz(args.lowbit_plan, out, name))
-        for k, slack in ALLOC_SLACKS:
-            path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
-            lowbit_plan(args.lowbit_plan, base + ["--target-slack", "%g" % slack, "--out", path,
-                                                  "--comm-bits", "32"])
-            plans[k] = qm.read_json(path)
-            log("%s: allocator plan %s (fastest uniform plan + %g%%): %.2f ms predicted, "
-                "target %.2f ms" % (name, k, slack, plans[k].get("predicted_iteration_ms", 0.0),
-                                    plans[k].get("target_ms", 0.0)))
+        jobs = [(k, ["--target-slack", "%g" % slack]) for k, slack in ALLOC_SLACKS]
         if os.path.exists(os.path.join(out, "traces", "%s_fp8.json.gz" % name)):
-            for k, share in ALLOC_FP8_SPEEDUPS:
-                path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
-                lowbit_plan(args.lowbit_plan, base + ["--target-speedup", "%g" % share, "--out",
-                                                      path, "--comm-bits", "32"])
-                plans[k] = qm.read_json(path)
-                log("%s: allocator plan %s (%g%% of the fastest plan's speed-up over bf16): "
-                    "%.2f ms predicted" % (name, k, share,
-                                          plans[k].get("predicted_iteration_ms", 0.0)))
+            jobs += [(k, ["--target-speedup", "%g" % share]) for k, share in ALLOC_FP8_SPEEDUPS]
+
+        def run(job):
+            k, target = job
+            path = os.path.join(pdir, "%s_%s.lowbit.json" % (name, k))
+            lowbit_plan(args.lowbit_plan, base + target + ["--out", path, "--comm-bits", "32"])
+            return k, qm.read_json(path), target
+
+        # Side by side: each run reads the case's traces and searches on its own (one
+        # core each; a second or two a run on the GPU machine).
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            for k, plan, target in pool.map(run, jobs):
+                plans[k] = plan
+                log("%s: allocator plan %s (%s %s): %.2f ms predicted, target %.2f ms" % (
+                    name, k, target[0], target[1], plan.get("predicted_iteration_ms", 0.0),
+                    plan.get("target_ms", 0.0)))
     return plans
 
 
