@@ -339,17 +339,18 @@ def host_trace(host_ms: List[float], phases: Optional[List[Tuple[float, float]]]
     `phases` (one (forward, backward) ms pair per step), each step also holds its
     ``qsync.forward`` and ``qsync.backward`` ranges, one after the other from its start:
     lowbit-plan then takes each phase's profiler excess off that phase's op ranges."""
+    def span(name, ts, ms):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts,
+                "dur": 1000.0 * ms, "pid": 0, "tid": 0}
+
     events = []
     for k, ms in enumerate(host_ms):
         ts = 1e6 * k
-        events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % k,
-                       "ts": ts, "dur": 1000.0 * ms, "pid": 0, "tid": 0})
+        events.append(span("ProfilerStep#%d" % k, ts, ms))
         if phases:
             fwd, bwd = phases[k]
-            events.append({"ph": "X", "cat": "user_annotation", "name": "qsync.forward",
-                           "ts": ts, "dur": 1000.0 * fwd, "pid": 0, "tid": 0})
-            events.append({"ph": "X", "cat": "user_annotation", "name": "qsync.backward",
-                           "ts": ts + 1000.0 * fwd, "dur": 1000.0 * bwd, "pid": 0, "tid": 0})
+            events += [span("qsync.forward", ts, fwd),
+                       span("qsync.backward", ts + 1000.0 * fwd, bwd)]
     return {"traceEvents": events,
             "lowbit": {"source": "host time per step, timed without a profiler"}}
 

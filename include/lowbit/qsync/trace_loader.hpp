@@ -209,23 +209,19 @@ inline void read_host_times(const std::vector<host_range>& ranges,
   auto by_start = [](const host_range* a, const host_range* b) { return a->ts < b->ts; };
   std::sort(steps.begin(), steps.end(), by_start);
   std::sort(ops.begin(), ops.end(), by_start);
+  // Time in synchronising calls on any thread within [a, b] (the main thread waits for
+  // autograd's without a CUDA call, so the threads' work is counted once).
+  auto waited_anywhere = [&](double a, double b) {
+    double w = 0;
+    for (const auto& [thread, v] : syncs) w += covered(v, a, b);
+    return w;
+  };
   if (!steps.empty()) {
     double h = 0;
-    for (const host_range* s : steps) {
-      double w = 0;
-      for (const auto& [thread, v] : syncs) w += covered(v, s->ts, s->ts + s->dur);
-      h += s->dur - w;
-    }
+    for (const host_range* s : steps) h += s->dur - waited_anywhere(s->ts, s->ts + s->dur);
     out.host_ms = h / 1000.0 / static_cast<double>(steps.size());
   }
-  read_phases(
-      steps, ops,
-      [&](double a, double b) {
-        double w = 0;
-        for (const auto& [thread, v] : syncs) w += covered(v, a, b);
-        return w;
-      },
-      out);
+  read_phases(steps, ops, waited_anywhere, out);
   std::map<std::string, double> sum;
   std::map<std::string, int> count;
   std::map<std::string, std::pair<const host_range*, double>> last;  // thread -> (step, end)
