@@ -47,7 +47,9 @@ forward of the module that calls them (``"caller"``) runs, with hooks on the lea
 under it then, so that the calls are told apart and counted as recorded; the mode rests
 while a module under it whose code calls none of the function ops the plan wraps runs
 (a ViT's blocks, when the wrapped function op is its position embedding, even where the
-blocks' attention in-projections are function ops at the ambient). Outputs keep
+blocks' attention in-projections are function ops at the ambient); a module whose every
+call is one function op and nothing else (nn.MultiheadAttention) is hooked as that op,
+as a leaf is, with no mode (whole_callers). Outputs keep
 their containers' types (tuples, named tuples, dicts, ModelOutputs, dataclasses).
 """
 
@@ -101,6 +103,36 @@ def _cast_keeping(x, dtype, pairs):
     """`x` with its floating tensors cast to `dtype`; appends (cast, original) to
     `pairs` for every tensor the cast changed."""
     return map_tensors(x, _casting(dtype, pairs))
+
+
+def whole_callers(ops: list, modules: dict) -> Dict[str, tuple]:
+    """{caller: (owner, calls)}: the modules whose forward calls one function op a call
+    and runs no other op (nn.MultiheadAttention's ``multi_head_attention_forward``,
+    torchvision's shifted window attention), with the op's module (``owner``, its name's
+    module) and how many calls a forward makes, from the model JSON's ``ops``. The applier
+    wraps such a caller's whole forward as the op, as it wraps a leaf: no torch function
+    mode checks its torch calls, and its parameters reach the function uncast, as in the
+    uniform profile (autocast casts them inside the op; cast in Python as arguments, each
+    would cost a ``Tensor.to`` of host time no profile holds)."""
+    by_caller: Dict[str, list] = {}
+    for o in ops:
+        if o.get("call") == "function":
+            by_caller.setdefault(o.get("caller", ""), []).append(o["name"])
+    out = {}
+    for caller, names in by_caller.items():
+        owners = {module_of(n) for n in names}
+        owner = next(iter(owners))
+        if caller == "" or caller not in modules or len(owners) != 1 or owner not in modules:
+            continue
+        mine = set(names)
+        # no other op is counted under the owner or runs within the caller
+        if any(o["name"] not in mine and (
+                within(module_of(o["name"]), caller) or module_of(o["name"]) == owner or
+                (o.get("call") == "function" and within(o.get("caller", ""), caller)))
+               for o in ops):
+            continue
+        out[caller] = (owner, len(names))
+    return out
 
 
 class applied_plan:
@@ -208,9 +240,14 @@ class applied_plan:
         # the plan does not wrap (the blocks' attention in-projection at the ambient
         # precision) needs no watching: it is at the ambient and fed by none at another
         # precision (that would wrap it), so it neither casts nor consumes a kept output.
+        # A caller whose every call is one function op and nothing else (whole_callers:
+        # nn.MultiheadAttention) is hooked as that op instead, with no mode.
         hooked = {module_of(op) for op in self.wrapped}
         related = [o for o in self.model_json_ops
                    if o.get("call") == "function" and module_of(o["name"]) in hooked]
+        wholes = {c: w for c, w in whole_callers(self.model_json_ops, modules).items()
+                  if w[0] in hooked}
+        related = [o for o in related if o.get("caller", "") not in wholes]
         scopes = {o.get("caller", "") for o in related}
         quiet = quiet_modules(self.model, scopes, scopes)
 
@@ -222,7 +259,8 @@ class applied_plan:
             self.tracker = OpTracker(self.model, self._enter, self._exit,
                                      leaves=hooked | under, functions=bool(related),
                                      scopes=scopes, quiet=quiet if related else None,
-                                     on_iteration=self._reset, recompute=self._recomputed)
+                                     on_iteration=self._reset, recompute=self._recomputed,
+                                     wholes=wholes)
             self.tracker.__enter__()
         return self
 

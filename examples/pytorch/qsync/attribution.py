@@ -208,15 +208,21 @@ class OpTracker:
     names an op the same way. ``recompute``: None, and a call made during a backward pass
     (``recomputing()``) is no op (no ``enter``/``exit``); else such a call is the forward
     call it repeats (the module docstring), and where that cannot be told,
-    ``recompute(name, forward_ops)`` names it among the module's calls in the forward."""
+    ``recompute(name, forward_ops)`` names it among the module's calls in the forward.
+    ``wholes``: {caller: (owner, calls)} for callers each of whose calls makes exactly
+    one function op, of the module ``owner`` (export's op name), and no other op, ``calls``
+    of them a forward: the caller's forward is hooked as that op, as a leaf's is, with no
+    function mode; a forward that calls one another number of times is an error as it
+    ends (the ops would be misnamed)."""
 
     def __init__(self, model: torch.nn.Module, enter: Callable, exit: Callable,
                  leaves: Optional[set] = None, functions: bool = True,
                  on_iteration: Optional[Callable[[], None]] = None,
                  scopes: Optional[set] = None, callers: bool = False,
                  recompute: Optional[Callable[[str, List[str]], str]] = None,
-                 quiet: Optional[set] = None):
+                 quiet: Optional[set] = None, wholes: Optional[Dict[str, str]] = None):
         self.model, self.enter, self.exit = model, enter, exit
+        self.wholes = wholes or {}
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
         self.scopes, self.callers, self.recompute = scopes, callers, recompute
         self.quiet = quiet or set()
@@ -285,6 +291,19 @@ class OpTracker:
 
     def _forward_done(self, *_):
         self.in_forward = max(0, self.in_forward - 1)
+        if self.in_forward == 0 and not recomputing():
+            self._check_wholes()
+
+    def _check_wholes(self):
+        """Each whole caller made as many calls as the forward recorded (``wholes``)."""
+        for caller, owner, calls in self.whole_counts:
+            seen = self.count.get(owner, 0)
+            if seen != calls:
+                raise RuntimeError(
+                    "qsync: %r ran %d times this forward, where the recorded forward ran "
+                    "it %d times, one call of a function op each: its ops cannot be named "
+                    "as recorded; record the model again as it runs now" % (
+                        caller, seen, calls))
 
     def __enter__(self):
         # Function ops are looked for only inside the root's forward: not in the loss
@@ -297,12 +316,16 @@ class OpTracker:
         for name, m in leaf_modules(self.model):
             if self.leaves is None or name in self.leaves:
                 self._hook(name, m)
+        modules = dict(self.model.named_modules())
+        self.whole_counts = []  # (caller, id(owner module), calls a forward)
+        for caller, (owner, calls) in sorted(self.wholes.items()):
+            self._hook(caller, modules[caller], (owner, modules[owner]))
+            self.whole_counts.append((caller, id(modules[owner]), calls))
         self.mode = _FunctionOps(self) if self.functions else None
         self.mode_on = False
         self.running: List[str] = []
         self.depth = 0  # scopes whose forward is running
         self.hush = 0   # quiet modules whose forward is running
-        modules = dict(self.model.named_modules())
         if self.callers:
             for name, m in modules.items():
                 if next(m.children(), None) is not None:
@@ -348,21 +371,24 @@ class OpTracker:
         """The innermost non-leaf module whose forward is running (``callers=True``)."""
         return self.running[-1] if self.running else ""
 
-    def _hook(self, name, m):
+    def _hook(self, name, m, owner=None):
+        """Hooks `m`'s calls as ops: a leaf's, named after it, or a whole caller's, named
+        after ``owner`` (name, module), the module its function op is counted under."""
         stack: List[Optional[str]] = []
-        own = list(m.parameters(recurse=False))
+        op_name, op_module = owner or (name, m)
+        own = list(op_module.parameters(recurse=False))
 
         def pre(mod, args, kwargs):
             # None on the stack: a call that is no op, or whose enter has not returned
             stack.append(None)
             if self.active is not None:  # a leaf called inside another op: part of it
                 return None
-            op = self.next_name(mod, name, args)
+            op = self.next_name(op_module, op_name, args)
             if op is None:
                 return None
             self.active = op
             try:
-                new = self.enter(op, mod, args, kwargs, own, None)
+                new = self.enter(op, op_module, args, kwargs, own, None)
             except BaseException:
                 self.active = None
                 raise

@@ -244,9 +244,9 @@ class AnyModule(unittest.TestCase):
         un = {u["name"] for u in mj["unattributed"]}
         self.assertTrue(any("scaled_dot_product" in n for n in un), un)
 
-    def test_function_op_wrapped_within_its_caller(self):
-        # The mode that finds function ops runs only while the module that calls them
-        # runs (the MHA), with hooks on the leaves under it: the rest of the model
+    def test_function_op_wrapped_as_its_whole_caller(self):
+        # The MHA's forward is one function op and nothing else: the applier hooks the
+        # MHA as that op, like a leaf, and runs no function mode; the rest of the model
         # carries none of the applier's hooks.
         model, step = self.make()
         records = ex.record_ops(model, step, "fp32", device_type="cpu")
@@ -263,10 +263,78 @@ class AnyModule(unittest.TestCase):
             with ap.step_context():
                 loss = step()
             loss.backward()
-        self.assertEqual(ap.tracker.scopes, {"mha"})
-        self.assertEqual(hooked, {"", "mha", "mha.out_proj", "q", "k", "v"})
+        self.assertEqual(ap.tracker.wholes, {"mha": ("mha", 1)})
+        self.assertIsNone(ap.tracker.mode)
+        self.assertEqual(hooked, {"", "mha", "q", "k", "v"})
         self.assertEqual(seen, ["mha", "q", "k", "v"])
         self.assertTrue(torch.isfinite(loss).item())
+
+    def test_whole_caller_runs_as_the_function_mode_ran_it(self):
+        # The same plan through the whole caller and through the function mode (the
+        # caller left out of whole_callers): the same loss and gradients to the bit.
+        # Sequence-first, so that the MHA hands its inputs to the function untransposed
+        # (batch-first, the mode saw transposed views of the ambient copies, which it
+        # cannot map back to the producer's own output: a second rounding the whole
+        # caller does not make).
+        from unittest import mock
+
+        import qsync.apply_plan as ap_mod
+
+        torch.manual_seed(0)
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pre = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+                self.q = nn.Linear(8, 8)
+                self.mha = nn.MultiheadAttention(8, 2)
+                self.head = nn.Linear(8, 3)
+
+            def forward(self, x):
+                h = self.q(self.pre(x))
+                return self.head(self.mha(h, h, h, need_weights=False)[0])
+
+        model, x = Attn(), torch.randn(5, 2, 8)
+        y = torch.randint(0, 3, (5 * 2,))
+
+        def step():
+            return F.cross_entropy(model(x).flatten(0, 1).float(), y)
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "attn")
+        plan = {"default": "bf16", "ops": {"mha": "fp32", "q": "fp32"}}
+
+        def run():
+            model.zero_grad(set_to_none=True)
+            with applied_plan(model, plan, mj, device_type="cpu") as ap:
+                with ap.step_context():
+                    loss = step()
+                loss.backward()
+            return ap, loss.detach(), [p.grad.clone() for p in model.parameters()
+                                       if p.grad is not None]
+
+        ap1, loss1, g1 = run()
+        with mock.patch.object(ap_mod, "whole_callers", lambda ops, modules: {}):
+            ap2, loss2, g2 = run()
+        self.assertEqual(ap1.tracker.wholes, {"mha": ("mha", 1)})
+        self.assertEqual(ap2.tracker.scopes, {"mha"})
+        self.assertTrue(torch.equal(loss1, loss2))
+        self.assertEqual(len(g1), len(g2))
+        for a, b in zip(g1, g2):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_whole_caller_called_another_number_of_times_is_an_error(self):
+        # A forward that calls the MHA twice where the recorded one called it once: its
+        # second call would be named "mha#1", an op the plan does not know. Loud.
+        model, step = self.make()
+        mj = qm.model_json(ex.record_ops(model, step, "fp32", device_type="cpu"), "net")
+        mha = model.mha
+        with applied_plan(model, {"default": "bf16", "ops": {"mha": "fp32"}}, mj,
+                          device_type="cpu") as ap:
+            with ap.step_context():
+                step()  # as recorded
+                x = torch.randn(2, 4, mha.embed_dim)
+                with self.assertRaisesRegex(RuntimeError, "'mha' ran 2 times"):
+                    model.register_forward_pre_hook(lambda m, a: (mha(x, x, x), None)[1])
+                    step()
 
     def test_the_mode_finds_parameters_in_nested_arguments(self):
         # torch.cat([cls_token, x]), a dict of weights: the mode's own walk finds the
