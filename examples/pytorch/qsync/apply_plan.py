@@ -10,7 +10,10 @@ wrapped, per call (qsync_model.ops_to_wrap, resolve_precisions):
   that dtype (a norm is on none of autocast's lists and would follow an fp32 input);
 - an fp32 op turns autocast off and casts its floating inputs to fp32;
 - a parameter-free op follows its first input (lowbit's rule); when that puts it at
-  another precision than the ambient one it is wrapped the same way.
+  another precision than the ambient one it is wrapped the same way;
+- an op at the ambient precision fed by an op at another one is wrapped only to let that
+  op's own outputs go as it starts: it takes their ambient copy, so it enters no
+  context and casts nothing.
 
 Ops talk to ops at their own precisions, everything else sees the ambient one: an op
 at another precision than the ambient returns its floating outputs cast to the
@@ -142,8 +145,8 @@ class applied_plan:
     def __init__(self, model: torch.nn.Module, plan: dict, model_json: dict,
                  device_type: str = "cuda", wrap_all: bool = False):
         """`wrap_all`: wrap every op, at the precision the plan gives it (validate.py's
-        probe of what the wrappers cost this model's host: with a uniform plan, the hooks,
-        autocast's enter and exit, the walks and the function mode, and no cast)."""
+        probe of what the wrappers cost this model's host: with a uniform plan, the hooks
+        and the function mode; every op is at the ambient, so nothing is entered or cast)."""
         self.model, self.device_type = model, device_type
         self.per_op: Dict[str, str] = plan_precisions(plan, model_json)
         modules = dict(model.named_modules())
@@ -325,7 +328,11 @@ class applied_plan:
             args, kwargs = self._originals(args), self._originals(kwargs)
         self._started(op)
         p = self.wrapped.get(op)
-        if p is None:
+        if p is None or p == self.ambient:
+            # At the ambient, in the step's own context: what it takes from an op at
+            # another precision is that op's ambient copy (its exit cast it), so it has
+            # nothing to cast and no context to enter; wrapped only to let its
+            # producers' own outputs go as it starts.
             return (args, kwargs) if foreign else None
         if p in ("fp32", "fp8"):  # fp8: the GEMMs set their own dtypes
             ctx = torch.autocast(self.device_type, enabled=False)

@@ -399,9 +399,9 @@ def timed_steps(args, step, n):
 
 def wrap_cost(torch, args, model, opt, forward_loss, precision, model_json, device, pairs):
     """What the plan applier's wrappers cost this model's host in the forward, per wrapped
-    op, at `precision`: every op wrapped (apply_plan's ``wrap_all``, a uniform plan: hooks,
-    autocast entered and left, the walks, the function mode; no cast) against the plain
-    uniform step, alternating, each side's second step after a switch timed; the median
+    op, at `precision`: every op wrapped (apply_plan's ``wrap_all``, a uniform plan: the
+    hooks, the function mode; every op at the ambient: no autocast, no cast) against the
+    plain uniform step, alternating, each side's second step after a switch timed; the median
     of the pairs' forward phases' difference over the ops wrapped (ms, at least 0). The
     switch probe's ``wrap_host_ms`` is measured on a chain of linears, where a model's
     modules have other arguments to walk and function ops whose callers the mode

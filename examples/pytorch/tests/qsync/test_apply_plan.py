@@ -201,6 +201,27 @@ class AppliedPlan(unittest.TestCase):
         self.assertEqual(hooked(), set())
         self.run_plan(plan)  # and it still runs
 
+    def test_an_op_at_the_ambient_enters_no_context(self):
+        # fc2 runs at the ambient, wrapped only because act (after fc1, at fp32) feeds
+        # it: it takes act's ambient copy, so it enters no autocast of its own; fc1 and
+        # act enter one each (act follows fc1 at fp32).
+        from unittest import mock
+
+        entered = []
+        real = torch.autocast.__enter__
+
+        def counting(ctx):
+            entered.append(ctx)
+            return real(ctx)
+        plan = {"default": "bf16", "ops": {"fc1": "fp32"}}
+        with mock.patch.object(torch.autocast, "__enter__", counting):
+            with applied_plan(self.model, plan, self.model_json, device_type="cpu") as ap:
+                self.assertEqual(ap.wrapped["fc2"], ap.ambient)
+                with ap.step_context():
+                    out = self.model(self.x)
+        self.assertEqual(len(entered), 3)  # the step's, fc1's, act's
+        self.assertEqual(out.dtype, torch.bfloat16)
+
     def test_own_outputs_released_after_the_last_consumer(self):
         # q at fp32 in a bf16 ambient: its own output is kept until the last op the model
         # JSON lists as consuming it has started, and let go then. That op is o, which
