@@ -112,8 +112,9 @@ def quiet_modules(model: torch.nn.Module, scopes: set, callers: set) -> set:
     """The largest modules under the ``scopes`` (module names) whose code, their
     children's included, calls none of the function ops watched: no name in ``callers``
     (the modules that call one, export's ``"caller"``) is theirs or under theirs.
-    OpTracker's function mode can rest while they run. Containers that are never called (ModuleList, ModuleDict)
-    are looked into instead: their entries are the modules that run."""
+    OpTracker's function mode can rest while they run. Containers that are never called
+    (ModuleList, ModuleDict) are looked into instead: their entries are the modules that
+    run."""
     def calls_functions(name):
         return any(within(c, name) for c in callers)
 
