@@ -110,9 +110,10 @@ def _cast_keeping(x, dtype, pairs):
 
 def whole_callers(ops: list, modules: dict) -> Dict[str, tuple]:
     """{caller: (owner, calls)}: the modules whose forward calls one function op a call
-    and runs no other op (nn.MultiheadAttention's ``multi_head_attention_forward``,
-    torchvision's shifted window attention), with the op's module (``owner``, its name's
-    module) and how many calls a forward makes, from the model JSON's ``ops``. The applier
+    and runs no other op (nn.MultiheadAttention's ``multi_head_attention_forward``; not
+    torchvision's shifted window attention, which makes three), with the op's module
+    (``owner``, its name's module) and how many calls a forward makes, from the model
+    JSON's ``ops``. The applier
     wraps such a caller's whole forward as the op, as it wraps a leaf: no torch function
     mode checks its torch calls, and its parameters reach the function uncast, as in the
     uniform profile (autocast casts them inside the op; cast in Python as arguments, each

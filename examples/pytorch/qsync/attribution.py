@@ -221,7 +221,8 @@ class OpTracker:
                  on_iteration: Optional[Callable[[], None]] = None,
                  scopes: Optional[set] = None, callers: bool = False,
                  recompute: Optional[Callable[[str, List[str]], str]] = None,
-                 quiet: Optional[set] = None, wholes: Optional[Dict[str, str]] = None):
+                 quiet: Optional[set] = None,
+                 wholes: Optional[Dict[str, Tuple[str, int]]] = None):
         self.model, self.enter, self.exit = model, enter, exit
         self.wholes = wholes or {}
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
