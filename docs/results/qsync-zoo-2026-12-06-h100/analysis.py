@@ -19,19 +19,7 @@ import random
 import re
 import statistics as st
 
-D = "docs/results/qsync-zoo-2026-12-06-h100/"
-BEFORE = "docs/results/qsync-zoo-2026-12-06/"
-PARTS = ("part1", "part2", "rerun")
-
-host_pairs = importlib.util.spec_from_file_location("host_pairs", BEFORE + "host_pairs.py")
-hp = importlib.util.module_from_spec(host_pairs)
-host_pairs.loader.exec_module(hp)
-pools = [(samples, host) for _, _, samples, host in hp.host_bound_pairs(D, PARTS)]
-diffs = [100.0 * (st.median(samples) / st.median(host) - 1.0) for samples, host in pools]
-print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
-      "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
-      % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),
-         min(diffs), max(diffs)))
+HOST_PAIRS = "docs/results/qsync-zoo-2026-12-06/host_pairs.py"
 
 LINE = re.compile(r"\] (\S+)/(\S+): median ([\d.]+) ms .*host ([\d.]+) ms.*"
                   r"\(ambient (\w+); .*; (\d+) wrapped\)")
@@ -59,29 +47,48 @@ def extra_host(logs):
     return out
 
 
-now = extra_host(plan_hosts(D + p + "-run.log" for p in PARTS))
-before = extra_host(plan_hosts([BEFORE + "part1-h200-run.log", BEFORE + "part2-h100-run.log"]))
-per_op = lambda d: st.median(x / n for v in d.values() for n, x in v.values())
-print("2. extra host a wrapped op, median over plans: %.3f ms now (%d plans), %.3f ms before "
-      "(%d plans)" % (per_op(now), sum(map(len, now.values())), per_op(before),
-                      sum(map(len, before.values()))))
-plans = ("mixed-ends", "mixed-norms", "alloc-5pct", "alloc-15pct")
-print("   extra host ms per plan, before / now (- where not measured):")
-print("   %-24s %s" % ("case", "  ".join("%-13s" % p for p in plans)))
-for case in sorted(set(now) | set(before)):
-    cell = lambda d, p: "%+.1f" % d[case][p][1] if p in d.get(case, {}) else "-"
-    print("   %-24s %s" % (case, "  ".join("%-13s" % ("%s / %s" % (cell(before, p), cell(now, p)))
-                                           for p in plans)))
+def readings(D, PARTS, before_logs):
+    """Readings 1 to 3 of the run whose part logs and host samples are D/<part>-*, the
+    wrapped ops' host set against the run logs `before_logs`."""
+    host_pairs = importlib.util.spec_from_file_location("host_pairs", HOST_PAIRS)
+    hp = importlib.util.module_from_spec(host_pairs)
+    host_pairs.loader.exec_module(hp)
+    pools = [(samples, host) for _, _, samples, host in hp.host_bound_pairs(D, PARTS)]
+    diffs = [100.0 * (st.median(samples) / st.median(host) - 1.0) for samples, host in pools]
+    print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
+          "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
+          % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),
+             min(diffs), max(diffs)))
 
-random.seed(1)
-print("3. the same pairs if samples and timed host times were one spread (resampled):")
-for n in (15, 30, 60):
-    expected = []
-    for samples, timed in pools:
-        pool = samples + timed
-        expected.append(st.median(
-            abs(st.median(random.choices(pool, k=n)) /
-                st.median(random.choices(pool, k=len(timed))) - 1.0) * 100.0
-            for _ in range(200)))
-    print("   %d samples against the pair's timed steps: median |difference| %.1f%%, over 15%% "
-          "in %d" % (n, st.median(expected), sum(e > 15 for e in expected)))
+    now = extra_host(plan_hosts(D + p + "-run.log" for p in PARTS))
+    before = extra_host(plan_hosts(before_logs))
+    per_op = lambda d: st.median(x / n for v in d.values() for n, x in v.values())
+    print("2. extra host a wrapped op, median over plans: %.3f ms now (%d plans), %.3f ms before "
+          "(%d plans)" % (per_op(now), sum(map(len, now.values())), per_op(before),
+                          sum(map(len, before.values()))))
+    plans = ("mixed-ends", "mixed-norms", "alloc-5pct", "alloc-15pct")
+    print("   extra host ms per plan, before / now (- where not measured):")
+    print("   %-24s %s" % ("case", "  ".join("%-13s" % p for p in plans)))
+    for case in sorted(set(now) | set(before)):
+        cell = lambda d, p: "%+.1f" % d[case][p][1] if p in d.get(case, {}) else "-"
+        pair = lambda p: "%s / %s" % (cell(before, p), cell(now, p))
+        print("   %-24s %s" % (case, "  ".join("%-13s" % pair(p) for p in plans)))
+
+    random.seed(1)
+    print("3. the same pairs if samples and timed host times were one spread (resampled):")
+    for n in (15, 30, 60):
+        expected = []
+        for samples, timed in pools:
+            pool = samples + timed
+            expected.append(st.median(
+                abs(st.median(random.choices(pool, k=n)) /
+                    st.median(random.choices(pool, k=len(timed))) - 1.0) * 100.0
+                for _ in range(200)))
+        print("   %d samples against the pair's timed steps: median |difference| %.1f%%, over 15%% "
+              "in %d" % (n, st.median(expected), sum(e > 15 for e in expected)))
+
+
+if __name__ == "__main__":
+    readings("docs/results/qsync-zoo-2026-12-06-h100/", ("part1", "part2", "rerun"),
+             ["docs/results/qsync-zoo-2026-12-06/part1-h200-run.log",
+              "docs/results/qsync-zoo-2026-12-06/part2-h100-run.log"])

@@ -1,116 +1,42 @@
-"""Two readings of this run, from the files beside this script. Run from the repository
+"""Four readings of this run, from the files beside this script. Run from the repository
 root: python3 docs/results/qsync-zoo-2026-12-06b-h100/analysis.py
 
-1. Host noise: one uniform step's host side timed twice in the same rounds
-   (host_times.json): the precision's host samples, which lowbit-plan is given, against
-   the host times of the same step while its uniform plan was timed; host-bound pairs
-   only (host at least 90% of the step).
-2. What a plan's wrapped ops cost the host: each mixed or allocator plan's host time
-   (the run log's "host" of the plan) less that of the uniform plan of its ambient
-   precision, per case, beside the same figure from the zoo run before (commit 1befb47,
+1-3. The zoo run before's readings (its analysis.py, `readings`) of this run: host noise;
+   what a plan's wrapped ops cost the host against the run before (commit 1befb47,
    docs/results/qsync-zoo-2026-12-06-h100/: before the applier hooked whole callers and
-   let ops at the ambient enter nothing).
-3. Whether more host samples would help: for the same host-bound pairs, the difference
-   expected if samples and timed host times were independent draws from one spread
-   (resampled from the two pooled, 200 draws a pair, seed 1), against the one observed."""
-import collections
+   let ops at the ambient enter nothing); whether more host samples would help.
+4. The rows by plan group (docs/qsync.md's table under the zoo's): rows, time within
+   target, median time error."""
+import csv
 import importlib.util
-import random
-import re
 import statistics as st
 
-D = "docs/results/qsync-zoo-2026-12-06b-h100/"
 BEFORE = "docs/results/qsync-zoo-2026-12-06-h100/"
-PARTS = ("part1", "part2")
+spec = importlib.util.spec_from_file_location("analysis_before", BEFORE + "analysis.py")
+before = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(before)
+before.readings("docs/results/qsync-zoo-2026-12-06b-h100/", ("part1", "part2"),
+                [BEFORE + p + "-run.log" for p in ("part1", "part2", "rerun")])
 
-host_pairs = importlib.util.spec_from_file_location(
-    "host_pairs", "docs/results/qsync-zoo-2026-12-06/host_pairs.py")
-hp = importlib.util.module_from_spec(host_pairs)
-host_pairs.loader.exec_module(hp)
-pools = [(samples, host) for _, _, samples, host in hp.host_bound_pairs(D, PARTS)]
-diffs = [100.0 * (st.median(samples) / st.median(host) - 1.0) for samples, host in pools]
-print("1. %d host-bound uniform pairs: samples against the step's host while timed: "
-      "median |difference| %.1f%%, over 15%% in %d, from %+.0f%% to %+.0f%%"
-      % (len(diffs), st.median(abs(d) for d in diffs), sum(abs(d) > 15 for d in diffs),
-         min(diffs), max(diffs)))
-
-LINE = re.compile(r"\] (\S+)/(\S+): median ([\d.]+) ms .*host ([\d.]+) ms.*"
-                  r"\(ambient (\w+); .*; (\d+) wrapped\)")
-
-
-def plan_hosts(paths):
-    """{(case, plan): (host ms, ambient precision, wrapped ops)} from run logs."""
-    out = {}
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                m = LINE.search(line)
-                if m:
-                    out[(m[1], m[2])] = (float(m[4]), m[5], int(m[6]))
-    return out
-
-
-def extra_host(logs):
-    """{case: {plan: (wrapped, extra host ms)}} for plans that wrap ops."""
-    out = collections.defaultdict(dict)
-    for (case, plan), (host, ambient, wrapped) in logs.items():
-        base = logs.get((case, ambient))
-        if wrapped and plan != ambient and base:
-            out[case][plan] = (wrapped, host - base[0])
-    return out
-
-
-now = extra_host(plan_hosts(D + p + "-run.log" for p in PARTS))
-before = extra_host(plan_hosts(BEFORE + p + "-run.log" for p in ("part1", "part2", "rerun")))
-per_op = lambda d: st.median(x / n for v in d.values() for n, x in v.values())
-print("2. extra host a wrapped op, median over plans: %.3f ms now (%d plans), %.3f ms before "
-      "(%d plans)" % (per_op(now), sum(map(len, now.values())), per_op(before),
-                      sum(map(len, before.values()))))
-plans = ("mixed-ends", "mixed-norms", "alloc-5pct", "alloc-15pct")
-print("   extra host ms per plan, before / now (- where not measured):")
-print("   %-24s %s" % ("case", "  ".join("%-13s" % p for p in plans)))
-for case in sorted(set(now) | set(before)):
-    cell = lambda d, p: "%+.1f" % d[case][p][1] if p in d.get(case, {}) else "-"
-    print("   %-24s %s" % (case, "  ".join("%-13s" % ("%s / %s" % (cell(before, p), cell(now, p)))
-                                           for p in plans)))
-
-random.seed(1)
-print("3. the same pairs if samples and timed host times were one spread (resampled):")
-for n in (15, 30, 60):
-    expected = []
-    for samples, timed in pools:
-        pool = samples + timed
-        expected.append(st.median(
-            abs(st.median(random.choices(pool, k=n)) /
-                st.median(random.choices(pool, k=len(timed))) - 1.0) * 100.0
-            for _ in range(200)))
-    print("   %d samples against the pair's timed steps: median |difference| %.1f%%, over 15%% "
-          "in %d" % (n, st.median(expected), sum(e > 15 for e in expected)))
-
-# 4. The rows by plan group (docs/qsync.md's table under the zoo's): rows, time within
-# target, median time error.
-import csv  # noqa: E402
-
+UNIFORM = ("fp32", "fp16", "bf16")
 rows = list(csv.DictReader(open("docs/qsync/zoo-2026-12-06b-h100.csv")))
 within = lambda r: abs(float(r["time_error"])) <= (5 if r["bound"] == "gpu" else 15)
+wraps = lambda r: r["plan"] not in UNIFORM
+# (name, rows kept, the plans whose median errors are shown apart; none: the group's)
 groups = [
-    ("uniform fp32 / fp16 / bf16", lambda r: r["plan"] in ("fp32", "fp16", "bf16")),
-    ("uniform, GPU-bound steps", lambda r: r["plan"] in ("fp32", "fp16", "bf16") and r["bound"] == "gpu"),
-    ("uniform, host-bound steps", lambda r: r["plan"] in ("fp32", "fp16", "bf16") and r["bound"] == "host"),
-    ("mixed-ends / mixed-norms", lambda r: r["plan"].startswith("mixed")),
-    ("alloc-5pct / alloc-15pct", lambda r: r["plan"].startswith("alloc")),
-    ("plans that wrap ops, GPU-bound steps", lambda r: r["plan"] not in ("fp32", "fp16", "bf16") and r["bound"] == "gpu"),
-    ("plans that wrap ops, host-bound steps", lambda r: r["plan"] not in ("fp32", "fp16", "bf16") and r["bound"] == "host"),
+    ("uniform fp32 / fp16 / bf16", lambda r: not wraps(r), UNIFORM),
+    ("uniform, GPU-bound steps", lambda r: not wraps(r) and r["bound"] == "gpu", ()),
+    ("uniform, host-bound steps", lambda r: not wraps(r) and r["bound"] == "host", ()),
+    ("mixed-ends / mixed-norms", lambda r: r["plan"].startswith("mixed"),
+     ("mixed-ends", "mixed-norms")),
+    ("alloc-5pct / alloc-15pct", lambda r: r["plan"].startswith("alloc"),
+     ("alloc-5pct", "alloc-15pct")),
+    ("plans that wrap ops, GPU-bound steps", lambda r: wraps(r) and r["bound"] == "gpu", ()),
+    ("plans that wrap ops, host-bound steps", lambda r: wraps(r) and r["bound"] == "host", ()),
 ]
 print("4. rows by plan group: rows, time within target, median time error")
-for name, keep in groups:
+for name, keep, apart in groups:
     g = [r for r in rows if keep(r)]
-    parts = [g]
-    if name.startswith("uniform fp32"):
-        parts = [[r for r in g if r["plan"] == p] for p in ("fp32", "fp16", "bf16")]
-    elif name.startswith("mixed"):
-        parts = [[r for r in g if r["plan"] == p] for p in ("mixed-ends", "mixed-norms")]
-    elif name.startswith("alloc"):
-        parts = [[r for r in g if r["plan"] == p] for p in ("alloc-5pct", "alloc-15pct")]
+    parts = [[r for r in g if r["plan"] == p] for p in apart] or [g]
     medians = " / ".join("%+.1f%%" % st.median(float(r["time_error"]) for r in p) for p in parts)
     print("   %-40s %3d %3d  %s" % (name, len(g), sum(map(within, g)), medians))
