@@ -59,13 +59,19 @@ op_graph ab_graph() {
 /// of one host thread, ranges one after another and no synchronising call (a CPU run, as
 /// make_test_traces.py's): an iteration's host time is its ProfilerStep#N range's
 /// duration; a range's host time runs from the end of the range before it in the same
-/// step (the step's start for the first) to its own end; each averaged over the steps, in
-/// ms. Checks that the trace is that case.
+/// step (the step's start for the first) to its own end, averaged over its occurrences in
+/// the step; each the median over the steps (the mean of the middle two for an even
+/// count), in ms. Checks that the trace is that case.
 struct host_times {
   int steps = 0;
   double host_ms = 0;
   std::map<std::string, double> cpu_ms;
 };
+double median_by_hand(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v.at(n / 2) : (v.at(n / 2 - 1) + v.at(n / 2)) / 2;
+}
 host_times host_times_by_hand(const json& trace) {
   using span = std::tuple<double, double, std::string>;  // start, end, name (us)
   std::vector<span> steps, ranges;
@@ -89,21 +95,25 @@ host_times host_times_by_hand(const json& trace) {
   std::sort(ranges.begin(), ranges.end());
   host_times h;
   h.steps = static_cast<int>(steps.size());
-  std::map<std::string, int> seen;
+  std::vector<double> step_ms;
+  std::map<std::string, std::vector<double>> per_step;  // a range's mean in each step
   std::vector<std::string> nested;
   for (const auto& [s0, s1, s_name] : steps) {
-    h.host_ms += (s1 - s0) / 1000.0 / static_cast<double>(steps.size());
+    step_ms.push_back((s1 - s0) / 1000.0);
+    std::map<std::string, std::pair<double, int>> in_step;
     double prev = s0;
     for (const auto& [r0, r1, r_name] : ranges) {
       if (r0 < s0 || r0 > s1) continue;
       if (r0 < prev) nested.push_back(r_name);
-      h.cpu_ms[r_name] += (r1 - prev) / 1000.0;
-      ++seen[r_name];
+      in_step[r_name].first += (r1 - prev) / 1000.0;
+      ++in_step[r_name].second;
       prev = r1;
     }
+    for (const auto& [name, at] : in_step) per_step[name].push_back(at.first / at.second);
   }
   REQUIRE(nested.empty());
-  for (auto& [name, ms] : h.cpu_ms) ms /= seen[name];
+  h.host_ms = median_by_hand(step_ms);
+  for (const auto& [name, v] : per_step) h.cpu_ms[name] = median_by_hand(v);
   return h;
 }
 }  // namespace
@@ -117,6 +127,39 @@ TEST_CASE("trace loader: host time per range includes the gap before it, not wai
   REQUIRE(r.host_ms == Approx(0.880));  // 1000 us less 120 us of syncs
   REQUIRE(r.iterations == 1);
   REQUIRE(read_trace_ranges(json::parse(plain)).host_ms == Approx(0.800));
+}
+
+TEST_CASE("trace loader: a stall of the host in one profiled step is no op's host time") {
+  // Three steps of "a" then "b" on one thread; in the second, the host stalls 5000 us
+  // before "b" (a descheduled thread: no runtime call, nothing to subtract). Each range and
+  // each step keeps its median over the steps: the stall is neither "b"'s nor the step's
+  // (a mean would give "b" 2167 us and the step 2567), and a plain trace of 700 us a step
+  // takes 100 us off each of the two ranges (after a mean: all of "a", 1567 us of "b").
+  json tr = json::parse(R"({"traceEvents": []})");
+  auto range = [&](const std::string& name, double ts, double dur) {
+    tr["traceEvents"].push_back(
+        {{"ph", "X"}, {"cat", "user_annotation"}, {"name", name}, {"ts", ts}, {"dur", dur},
+         {"pid", 1}, {"tid", 1}});
+  };
+  for (int s = 0; s < 3; ++s) {
+    const double t0 = 10000.0 * s, stall = s == 1 ? 5000.0 : 0.0;
+    range("ProfilerStep#" + std::to_string(s), t0, 900 + stall);
+    range("a", t0 + 100, 200);           // 300 us from the step's start
+    range("b", t0 + 500 + stall, 300);   // 500 us from a's end (5500 in the stalled step)
+  }
+  const trace_ranges r = read_trace_ranges(tr);
+  REQUIRE(r.iterations == 3);
+  REQUIRE(r.cpu_ms.at("a") == Approx(0.300));
+  REQUIRE(r.cpu_ms.at("b") == Approx(0.500));
+  REQUIRE(r.host_ms == Approx(0.900));
+  const op_graph g = ab_graph();
+  const json pl = json::parse(R"({"traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 700, "pid": 1, "tid": 1}]})");
+  measured_table t;
+  add_profile(t, tr, precision::fp16, g, &pl);
+  REQUIRE(t.find_host("a", precision::fp16)->forward_ms == Approx(0.200));
+  REQUIRE(t.find_host("b", precision::fp16)->forward_ms == Approx(0.400));
+  REQUIRE(t.find_tail(precision::fp16)->cpu_ms == Approx(0.700 - 0.600));
 }
 
 TEST_CASE("add_profile: op GPU and host times, the measured tail, overhead from a plain trace") {

@@ -87,10 +87,11 @@ ALLOC_SLACKS = (("alloc-5pct", 5.0), ("alloc-15pct", 15.0))
 ALLOC_FP8_SPEEDUPS = (("alloc-fp8-80pct", 80.0),)
 # Per-case effort in the zoo (--zoo), small so that 30 cases fit in two calls of ~550 s:
 # per plan `iters` timed steps over `rounds` rounds, `host_iters` host samples per
-# precision, `profile_steps` profiled steps; the batch-1 cases, whose steps are short
-# and whose medians follow the host's drift, take more.
-ZOO_EFFORT = {"gpu": dict(iters=12, host_iters=6, rounds=3, warmup=2, profile_steps=2),
-              "host": dict(iters=30, host_iters=15, rounds=3, warmup=3, profile_steps=2)}
+# precision, `profile_steps` profiled steps (three: the trace loader takes each op's
+# median over them, so that a stall of the host in one step is no op's); the batch-1
+# cases, whose steps are short and whose medians follow the host's drift, take more.
+ZOO_EFFORT = {"gpu": dict(iters=12, host_iters=6, rounds=3, warmup=2, profile_steps=3),
+              "host": dict(iters=30, host_iters=15, rounds=3, warmup=3, profile_steps=3)}
 T0 = time.time()
 # switch_probe.py's constants, copied into OUT by --switch-probe: every prediction from
 # OUT (and --predict on it later) prices precision switches with them.
@@ -430,7 +431,9 @@ def profile_with_ranges(model, step, records, path, steps):
     only where the model has any) to the plain JSON trace `path`."""
     from . import export as ex
 
-    with ex.instrument(model, functions=ex.function_ops(records)):
+    # The collector off, as in the timed steps: a collection inside a profiled step is
+    # host time of whichever op it lands in.
+    with ex.instrument(model, functions=ex.function_ops(records)), quiet():
         ex.profile(step, path, steps=steps)
 
 
@@ -528,7 +531,8 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                     del inst
                 traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
                 if not spec.get("zoo"):  # the zoo times the host without a profiler only
-                    ex.profile(step, raw, steps=profile_steps)
+                    with quiet():
+                        ex.profile(step, raw, steps=profile_steps)
                     qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
             # The profiler itself inflates host time (every op and launch is recorded), so
             # the host truth comes from steps timed without it (step 4 adds more samples,

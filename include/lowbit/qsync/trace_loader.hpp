@@ -84,20 +84,26 @@ struct trace_ranges {
     const auto k = code_kernels.find(name);
     return g->second + (k == code_kernels.end() ? 0.0 : k->second * dispatch_gap_ms);
   }
-  /// Host time per range, averaged over occurrences, ms: from the end of the previous
-  /// range on the same thread in the same iteration (or the iteration's start on its own
-  /// thread, or the thread's first event in the iteration on another, e.g. autograd's)
-  /// to the range's end, less the time spent in synchronising runtime calls. Gaps count
-  /// so that Python between ops is host time of the op that follows it.
+  /// Host time per occurrence of a range, ms: from the end of the previous range on the
+  /// same thread in the same iteration (or the iteration's start on its own thread, or the
+  /// thread's first event in the iteration on another, e.g. autograd's) to the range's
+  /// end, less the time spent in synchronising runtime calls. Gaps count so that Python
+  /// between ops is host time of the op that follows it. Averaged over the range's
+  /// occurrences in an iteration, then the median over the iterations
+  /// (detail::median_of): a stall of the host (a descheduled thread, a collection) lands
+  /// in one iteration's range and only adds; a mean over the iterations hands a share of
+  /// it to that op (profile three or more iterations).
   std::map<std::string, double> cpu_ms;
   /// Host time per iteration (ProfilerStep#N duration less synchronising calls on any
-  /// thread), ms; negative where the trace has no ProfilerStep ranges.
+  /// thread), ms, the median over the iterations; negative where the trace has no
+  /// ProfilerStep ranges.
   double host_ms = -1;
   /// Iterations seen (ProfilerStep ranges, else the most frequent range's count).
   int iterations = 0;
-  /// The host's two phases per iteration, ms, less synchronising calls (-1 where the trace
-  /// does not show them): forward, from the iteration's start to its first backward range
-  /// (`N.backward`), and backward, from there to the end of its last one; in a trace of
+  /// The host's two phases per iteration, ms, less synchronising calls, each the median
+  /// over the iterations (-1 where the trace does not show them): forward, from
+  /// the iteration's start to its first backward range (`N.backward`), and backward,
+  /// from there to the end of its last one; in a trace of
   /// host times timed without a profiler, its `qsync.forward` and `qsync.backward`
   /// ranges (qsync_model.host_trace). add_profile takes each phase's instrumentation
   /// excess off that phase's ranges: where the host spends its time decides when the GPU
@@ -155,14 +161,23 @@ struct host_range {
   std::string thread;
 };
 
-// Fills out.forward_host_ms and out.backward_host_ms (see trace_ranges): the means over
-// the steps (sorted by start) that show both phases, `ranges` sorted by start, less what
-// `waited(a, b)` says the host spent in synchronising calls in [a, b].
+// The median of `v` (not empty; the mean of the two middle values for an even count).
+// Host times of profiled iterations are skewed upwards only (the host stalls, it never
+// runs ahead of itself): from three iterations on, one stalled iteration does not move
+// it; of two it is their mean.
+inline double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Fills out.forward_host_ms and out.backward_host_ms (see trace_ranges): the medians over
+// the steps (sorted by start) that show both phases, `ranges` sorted by start, less
+// what `waited(a, b)` says the host spent in synchronising calls in [a, b].
 template <class Waited>
 void read_phases(const std::vector<const host_range*>& steps,
                  const std::vector<const host_range*>& ranges, Waited waited, trace_ranges& out) {
-  double fwd = 0, bwd = 0;
-  int n = 0;
+  std::vector<double> fwd, bwd;
   for (const host_range* s : steps) {
     const double s1 = s->ts + s->dur;
     double named_f = -1, named_b = -1, first = -1, last = -1;
@@ -176,19 +191,16 @@ void read_phases(const std::vector<const host_range*>& steps,
       }
     }
     if (named_f >= 0 && named_b >= 0) {
-      fwd += named_f;
-      bwd += named_b;
+      fwd.push_back(named_f);
+      bwd.push_back(named_b);
     } else if (first >= 0) {
-      fwd += (first - s->ts) - waited(s->ts, first);
-      bwd += (last - first) - waited(first, last);
-    } else {
-      continue;
+      fwd.push_back((first - s->ts) - waited(s->ts, first));
+      bwd.push_back((last - first) - waited(first, last));
     }
-    ++n;
   }
-  if (n > 0) {
-    out.forward_host_ms = fwd / 1000.0 / n;
-    out.backward_host_ms = bwd / 1000.0 / n;
+  if (!fwd.empty()) {
+    out.forward_host_ms = median_of(fwd) / 1000.0;
+    out.backward_host_ms = median_of(bwd) / 1000.0;
   }
 }
 
@@ -217,13 +229,13 @@ inline void read_host_times(const std::vector<host_range>& ranges,
     return w;
   };
   if (!steps.empty()) {
-    double h = 0;
-    for (const host_range* s : steps) h += s->dur - waited_anywhere(s->ts, s->ts + s->dur);
-    out.host_ms = h / 1000.0 / static_cast<double>(steps.size());
+    std::vector<double> h;
+    for (const host_range* s : steps) h.push_back(s->dur - waited_anywhere(s->ts, s->ts + s->dur));
+    out.host_ms = median_of(h) / 1000.0;
   }
   read_phases(steps, ops, waited_anywhere, out);
-  std::map<std::string, double> sum;
-  std::map<std::string, int> count;
+  // name -> step (nullptr: outside every step) -> (host us, occurrences)
+  std::map<std::string, std::map<const host_range*, std::pair<double, int>>> per_step;
   std::map<std::string, std::pair<const host_range*, double>> last;  // thread -> (step, end)
   for (const host_range* r : ops) {
     const host_range* step = nullptr;
@@ -243,12 +255,17 @@ inline void read_host_times(const std::vector<host_range>& ranges,
       if (first != v.end()) from = std::min(r->ts, *first);
     }
     const double end = r->ts + r->dur;
-    sum[r->name] += (end - from) - waited(r->thread, from, end);
-    ++count[r->name];
+    auto& at = per_step[r->name][step];
+    at.first += (end - from) - waited(r->thread, from, end);
+    ++at.second;
     if (l == last.end() || l->second.first != step || l->second.second <= end)
       last[r->thread] = {step, end};
   }
-  for (const auto& [name, s] : sum) out.cpu_ms[name] = s / 1000.0 / count[name];
+  for (const auto& [name, steps_of] : per_step) {
+    std::vector<double> means;
+    for (const auto& [step, at] : steps_of) means.push_back(at.first / at.second);
+    out.cpu_ms[name] = median_of(means) / 1000.0;
+  }
 }
 }  // namespace detail
 
