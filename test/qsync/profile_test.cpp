@@ -137,15 +137,19 @@ TEST_CASE("trace loader: a stall of the host in one profiled step is no op's hos
   // takes 100 us off each of the two ranges (after a mean: all of "a", 1567 us of "b").
   json tr = json::parse(R"({"traceEvents": []})");
   auto range = [&](const std::string& name, double ts, double dur) {
-    tr["traceEvents"].push_back(
-        {{"ph", "X"}, {"cat", "user_annotation"}, {"name", name}, {"ts", ts}, {"dur", dur},
-         {"pid", 1}, {"tid", 1}});
+    tr["traceEvents"].push_back({{"ph", "X"},
+                                 {"cat", "user_annotation"},
+                                 {"name", name},
+                                 {"ts", ts},
+                                 {"dur", dur},
+                                 {"pid", 1},
+                                 {"tid", 1}});
   };
   for (int s = 0; s < 3; ++s) {
     const double t0 = 10000.0 * s, stall = s == 1 ? 5000.0 : 0.0;
     range("ProfilerStep#" + std::to_string(s), t0, 900 + stall);
-    range("a", t0 + 100, 200);           // 300 us from the step's start
-    range("b", t0 + 500 + stall, 300);   // 500 us from a's end (5500 in the stalled step)
+    range("a", t0 + 100, 200);          // 300 us from the step's start
+    range("b", t0 + 500 + stall, 300);  // 500 us from a's end (5500 in the stalled step)
   }
   const trace_ranges r = read_trace_ranges(tr);
   REQUIRE(r.iterations == 3);
