@@ -91,7 +91,7 @@ ALLOC_FP8_SPEEDUPS = (("alloc-fp8-80pct", 80.0),)
 # median over them, so that a stall of the host in one step is no op's); the batch-1
 # cases, whose steps are short and whose medians follow the host's drift, take more.
 # The host's speed wanders by tens of percent over seconds on the GPU machine (the same
-# plan's round medians 37-52 ms at BART's batch 1), so the steps are spread over more,
+# plan's round medians 37-53 ms at BART's batch 1), so the steps are spread over more,
 # shorter rounds, each after one untimed step (the first after a new optimizer).
 ZOO_EFFORT = {"gpu": dict(iters=12, host_iters=6, rounds=4, warmup=2, profile_steps=3),
               "host": dict(iters=30, host_iters=15, rounds=6, warmup=3, profile_steps=3)}
