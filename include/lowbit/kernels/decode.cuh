@@ -68,18 +68,6 @@ struct packed_group {
   }
 };
 
-/// A lane's 32 fp32 values, each times `scale` unless it is 1, converted to T into its
-/// staging row.
-template <class T, class Row>
-__device__ __forceinline__ void scaled_row(const float (&y)[32], float scale, Row& r) {
-  LOWBIT_UNROLL
-  for (int i = 0; i < 32; ++i) {
-    float v = y[i];
-    if (scale != 1.0f) v = lowbit::detail::fmul(v, scale);
-    raw_bits<T>::set(r.w, i, from_float<T>(v));
-  }
-}
-
 /// CTAs per SM the decode kernel is compiled for. With 2-byte outputs ptxas used 79 (bf16)
 /// and 95 (fp16) registers, so 3 and 2 of the policy's 4 CTAs fit an SM; capped at 64 they
 /// all fit, spill-free: 2^29 values from bf16 frames, decode 421 -> 361 us, decode-sum of
@@ -93,14 +81,12 @@ __device__ __forceinline__ void scaled_row(const float (&y)[32], float scale, Ro
 template <class T>
 inline constexpr int decode_min_blocks = sizeof(T) == 2 ? 4 : 3;
 
-/// Decodes a frame, or (Sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
+/// Decodes a frame, or (sum) the fp32 sum of `num_frames` frames `frame_stride` bytes
 /// apart, from 0.0f in frame order as the host's decode_accumulate does; then scales.
-/// Sum is a template parameter so that each kernel gets its own registers: the one-frame
-/// path's prefetch spilled in the fp32 sum's allocation when both were one kernel.
-template <class Codec, class T, bool Sum>
+template <class Codec, class T>
 __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<T>)
     decode_kernel(const std::byte* __restrict__ frame, std::size_t frame_stride, int num_frames,
-                  std::size_t count, T* __restrict__ out, float scale, bool out_vector,
+                  bool sum, std::size_t count, T* __restrict__ out, float scale, bool out_vector,
                   header_check check) {
   using layout = lane_layout<1>;  // decoding needs no block reduction: a lane per group
   using tile_t = warp_tile<T, layout>;
@@ -121,37 +107,6 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
   // docs/results/2026-12-03-codec-one-h200.md).
   const header_probe probe(check);
 
-  if constexpr (!Sum && Codec::bits <= 4) {
-    // One frame: a lane loads its group of the warp's next tile before it decodes and
-    // stores this tile's, so that a load is in flight while it computes and stores (the
-    // loop below waits for each tile's load before any work). ptxas spills one register
-    // at 4 bits (4 bytes); loading the next group only after this tile's conversion, in
-    // the registers of this one, spilled as much, and before the conversion (the 32 fp32
-    // values alive) 64-132 bytes. Wider codes would not fit the 2-byte outputs' cap.
-    const auto load_group = [&](std::size_t tile, packed_group<Codec>& g) {
-      const tile_lanes<layout> t(tile, lane, count, groups);
-      if (t.first < count)
-        g.load_at(frame, codes_offset + t.group * Codec::group_bytes,
-                  t.group / Codec::groups_per_block * sizeof(typename Codec::meta_type));
-    };
-    packed_group<Codec> cur, next;
-    if (w.first_tile < tiles) load_group(w.first_tile, cur);
-    for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
-      const tile_lanes<layout> t(tile, lane, count, groups);
-      if (tile + w.tile_stride < tiles) load_group(tile + w.tile_stride, next);
-      typename tile_t::row r;
-      if (t.first < count) {
-        float y[32];
-        cur.decode(y);
-        scaled_row<T>(y, scale, r);
-      }
-      if (tile == w.first_tile && !probe.agree(check)) return;
-      store_group_values<T, layout>(out + t.tile_first, t.tile_n, out_vector && t.full, s, lane, r);
-      cur = next;
-    }
-    return;
-  }
-
   for (std::size_t tile = w.first_tile; tile < tiles; tile += w.tile_stride) {
     const tile_lanes<layout> t(tile, lane, count, groups);
     typename tile_t::row r;
@@ -169,7 +124,7 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
       packed_group<Codec> cur;
       cur.load_from(words, meta);
       float y[32];
-      if (Sum && num_frames > 1) {
+      if (sum && num_frames > 1) {
         packed_group<Codec> next;
         words += frame_stride;  // frame 1
         meta += frame_stride;
@@ -198,13 +153,18 @@ __global__ void __launch_bounds__(launch_policy::max_threads, decode_min_blocks<
           }
         }
       } else {
-        if constexpr (Sum) {
+        if (sum) {
           cur.start(y);
         } else {
           cur.decode(y);
         }
       }
-      scaled_row<T>(y, scale, r);
+      LOWBIT_UNROLL
+      for (int i = 0; i < 32; ++i) {
+        float v = y[i];
+        if (scale != 1.0f) v = lowbit::detail::fmul(v, scale);
+        raw_bits<T>::set(r.w, i, from_float<T>(v));
+      }
     }
     if (tile == w.first_tile && !probe.agree(check)) return;
     store_group_values<T, layout>(out + t.tile_first, t.tile_n, out_vector && t.full, s, lane, r);
@@ -228,9 +188,9 @@ void decode(const std::byte* frame, std::size_t count, T* out, float scale, cuda
   detail::check_framing({check, {}}, "kernels::decode");
   if (count == 0) return;
   const std::size_t tiles = (count + 1023) / 1024;
-  detail::decode_kernel<Codec, T, false>
+  detail::decode_kernel<Codec, T>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          frame, 0, 1, count, out, scale, detail::aligned16(out), check);
+          frame, 0, 1, false, count, out, scale, detail::aligned16(out), check);
   LOWBIT_CHECK_LAUNCH();
 }
 

@@ -315,9 +315,9 @@ void decode_accumulate(const std::byte* frames, std::size_t frame_stride, int nu
   // statistics, and this pass runs near the decode's bandwidth.
   const launch_policy policy = detail::default_policy(pass::decode);
   const std::size_t tiles = (count + 1023) / 1024;
-  detail::decode_kernel<Codec, T, true>
+  detail::decode_kernel<Codec, T>
       <<<detail::grid_size(policy, tiles), policy.threads_per_block, 0, stream>>>(
-          frames, frame_stride, num_frames, count, out, scale, detail::aligned16(out), check);
+          frames, frame_stride, num_frames, true, count, out, scale, detail::aligned16(out), check);
   LOWBIT_CHECK_LAUNCH();
 }
 
