@@ -1000,7 +1000,8 @@ def parse_args(argv=None):
                          "tracked files differ from it)")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed iterations per plan (>= 20), over all rounds")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per plan")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed iterations per plan in the first round (one in each later)")
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps per trace")
     ap.add_argument("--host-iters", type=int, default=30,
                     help="steps timed without a profiler for the host time per precision, "
