@@ -113,11 +113,11 @@ def whole_callers(ops: list, modules: dict) -> Dict[str, tuple]:
     and runs no other op (nn.MultiheadAttention's ``multi_head_attention_forward``; not
     torchvision's shifted window attention, which makes three), with the op's module
     (``owner``, its name's module) and how many calls a forward makes, from the model
-    JSON's ``ops``. The applier
-    wraps such a caller's whole forward as the op, as it wraps a leaf: no torch function
-    mode checks its torch calls, and its parameters reach the function uncast, as in the
-    uniform profile (autocast casts them inside the op; cast in Python as arguments, each
-    would cost a ``Tensor.to`` of host time no profile holds)."""
+    JSON's ``ops``. The applier wraps such a caller's whole forward as the op, as it
+    wraps a leaf: no torch function mode checks its torch calls, and its parameters
+    reach the function uncast, as in the uniform profile (autocast casts them inside the
+    op; cast in Python as arguments, each would cost a ``Tensor.to`` of host time no
+    profile holds)."""
     by_caller: Dict[str, list] = {}
     for o in ops:
         if o.get("call") == "function":
