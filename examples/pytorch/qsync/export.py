@@ -23,6 +23,7 @@ Nothing here imports lowbit_torch or its extension.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple
@@ -525,21 +526,31 @@ def profile(iteration: Callable[[], None], path: str, steps: int = 3, warmup: in
     """Runs ``iteration`` (one full training step ending in a synchronize) under the stock
     torch.profiler for ``warmup`` + ``steps`` steps (one ProfilerStep range each) and
     writes the Chrome trace of the active steps to ``path`` (plain JSON). Shapes, stacks
-    and memory are not recorded: they inflate host time."""
+    and memory are not recorded: they inflate host time. Python's collector is off while
+    it runs (collected first, its state restored after): a collection inside a profiled
+    step would be host time of whichever op range it lands in."""
     from torch.profiler import ProfilerActivity, schedule
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     if os.path.exists(path):
         os.remove(path)
     warnings.filterwarnings("ignore", message="Profiler clears events")
-    with torch.profiler.profile(activities=acts,
-                                schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
-                                on_trace_ready=lambda p: p.export_chrome_trace(path),
-                                record_shapes=False, with_stack=False,
-                                profile_memory=False) as prof:
-        for _ in range(warmup + steps + 1):
-            iteration()
-            prof.step()
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.profiler.profile(activities=acts,
+                                    schedule=schedule(wait=0, warmup=warmup, active=steps,
+                                                      repeat=1),
+                                    on_trace_ready=lambda p: p.export_chrome_trace(path),
+                                    record_shapes=False, with_stack=False,
+                                    profile_memory=False) as prof:
+            for _ in range(warmup + steps + 1):
+                iteration()
+                prof.step()
+    finally:
+        if collecting:
+            gc.enable()
     if not os.path.exists(path):
         raise RuntimeError("the profiler wrote no trace to " + path)
     return path

@@ -434,9 +434,7 @@ def profile_with_ranges(model, step, records, path, steps):
     only where the model has any) to the plain JSON trace `path`."""
     from . import export as ex
 
-    # The collector off, as in the timed steps: a collection inside a profiled step is
-    # host time of whichever op it lands in.
-    with ex.instrument(model, functions=ex.function_ops(records)), quiet():
+    with ex.instrument(model, functions=ex.function_ops(records)):
         ex.profile(step, path, steps=steps)
 
 
@@ -534,8 +532,7 @@ def run_case(torch, args, name, spec, out, measured_rows, host_times, stage=None
                     del inst
                 traces[p] = qm.gzip_file(raw, os.path.join(tdir, "%s_%s.json.gz" % (name, p)))
                 if not spec.get("zoo"):  # the zoo times the host without a profiler only
-                    with quiet():
-                        ex.profile(step, raw, steps=profile_steps)
+                    ex.profile(step, raw, steps=profile_steps)
                     qm.gzip_file(raw, os.path.join(tdir, "%s_%s_plain.json.gz" % (name, p)))
             # The profiler itself inflates host time (every op and launch is recorded), so
             # the host truth comes from steps timed without it (step 4 adds more samples,

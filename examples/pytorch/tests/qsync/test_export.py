@@ -130,3 +130,25 @@ class RecordWorkspace(unittest.TestCase):
         self.assertNotIn("code_workspace_bytes", records["a"])
 
 
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class Profile(unittest.TestCase):
+    def test_collector_off_while_profiling_and_restored_after(self):
+        import gc
+        import tempfile
+
+        from qsync import export as ex
+
+        seen = []
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            try:
+                with tempfile.TemporaryDirectory() as d:
+                    ex.profile(lambda: seen.append(gc.isenabled()), d + "/t.json", steps=1,
+                               warmup=0)
+                self.assertEqual(gc.isenabled(), before)
+            finally:
+                gc.enable()
+        self.assertEqual(seen, [False] * len(seen))
+        self.assertEqual(len(seen), 4)  # 0 + 1 + 1 steps, twice
