@@ -23,7 +23,6 @@ Nothing here imports lowbit_torch or its extension.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple
@@ -32,7 +31,7 @@ import torch
 
 from .attribution import (AtenCounter, OpTracker, Span, aten_kind, backward_nodes, grad_fns,
                           reentrant_checkpoint, tensors)
-from .qsync_model import kind_of
+from .qsync_model import collector_off, kind_of
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -535,10 +534,7 @@ def profile(iteration: Callable[[], None], path: str, steps: int = 3, warmup: in
     if os.path.exists(path):
         os.remove(path)
     warnings.filterwarnings("ignore", message="Profiler clears events")
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         with torch.profiler.profile(activities=acts,
                                     schedule=schedule(wait=0, warmup=warmup, active=steps,
                                                       repeat=1),
@@ -548,9 +544,6 @@ def profile(iteration: Callable[[], None], path: str, steps: int = 3, warmup: in
             for _ in range(warmup + steps + 1):
                 iteration()
                 prof.step()
-    finally:
-        if collecting:
-            gc.enable()
     if not os.path.exists(path):
         raise RuntimeError("the profiler wrote no trace to " + path)
     return path

@@ -16,7 +16,9 @@ the model JSON, and holds the helpers the validation script needs without torch.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gc
 import gzip
 import json
 import os
@@ -410,6 +412,22 @@ def gunzip_to(path: str, directory: str) -> str:
     with gzip.open(path, "rb") as src, open(out, "wb") as dst:
         dst.write(src.read())
     return out
+
+
+@contextlib.contextmanager
+def collector_off():
+    """Python's garbage collector off for the block (as timeit does), collected first so
+    that the block starts without garbage, its state restored after: a collection inside
+    a timed or profiled step is host time of whichever op it lands in. What gc.freeze
+    moved to the permanent generation (validate.settle_heap) stays there."""
+    was_on = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def median(xs: Iterable[float]) -> float:

@@ -43,12 +43,12 @@ tiny sizes: a check of the code, whose numbers mean nothing for a GPU.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import statistics
 import sys
 import time
+
+from .qsync_model import collector_off
 
 PAIRS = (("fp32", "bf16"), ("bf16", "fp32"), ("fp32", "fp16"), ("fp16", "fp32"))
 KIB = 1024
@@ -56,18 +56,6 @@ KIB = 1024
 
 def median(xs):
     return float(statistics.median(xs))
-
-
-@contextlib.contextmanager
-def collector_off():
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.unfreeze()
 
 
 def fit_linear(points):

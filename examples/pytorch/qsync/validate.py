@@ -370,21 +370,6 @@ def settle_heap():
     gc.freeze()
 
 
-class quiet:
-    """Timed steps run with Python's garbage collector off (as timeit does): a collection
-    inside a step is host time the model does not know of. It collects first, so the
-    steps start without garbage; what settle_heap froze stays frozen."""
-
-    def __enter__(self):
-        gc.collect()
-        gc.disable()
-        return self
-
-    def __exit__(self, *exc):
-        gc.enable()
-        return False
-
-
 def timed_steps(args, step, n):
     """`n` timed steps (pinned where --pin asks, the collector off): their times and
     host times, ms."""
@@ -393,7 +378,7 @@ def timed_steps(args, step, n):
 
         set_affinity(args.pin, args.all_cpus, gpu_local_cpus())
     times, host = [], []
-    with quiet():
+    with qm.collector_off():
         for _ in range(n):
             t = time.perf_counter()
             step(host)

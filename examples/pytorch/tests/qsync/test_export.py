@@ -130,8 +130,6 @@ class RecordWorkspace(unittest.TestCase):
         self.assertNotIn("code_workspace_bytes", records["a"])
 
 
-
-
 @unittest.skipIf(torch is None, "needs torch")
 class Profile(unittest.TestCase):
     def test_collector_off_while_profiling_and_restored_after(self):

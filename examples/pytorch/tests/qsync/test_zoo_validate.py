@@ -127,10 +127,10 @@ class Heap(unittest.TestCase):
             frozen = gc.get_freeze_count()
             self.assertGreater(frozen, 0)
             cycle = Node()
-            cycle.self = cycle  # garbage after the settle: quiet's collection frees it
+            cycle.self = cycle  # garbage after the settle: collector_off's collection frees it
             probe = weakref.ref(cycle)
             del cycle
-            with v.quiet():
+            with v.qm.collector_off():
                 self.assertIsNone(probe())
                 self.assertFalse(gc.isenabled())
                 self.assertEqual(gc.get_freeze_count(), frozen)
