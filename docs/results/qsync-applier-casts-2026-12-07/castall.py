@@ -1,7 +1,8 @@
 # The applier's own forward casts (apply_plan._cast_one calls that change a dtype) against
-# Run from the repository root with a lowbit-plan binary at .gpubin/lowbit-plan (any build of tools/lowbit-plan).
-# the edge casts lowbit-plan's replay prices in forward, per zoo model (full size, batch 1, 8 tokens; CPU) and mixed plan.
-import sys, os, csv, subprocess, tempfile, collections
+# the edge casts lowbit-plan's replay prices in forward, per zoo model (full size, batch 1,
+# 8 tokens; CPU) and mixed plan. Run from the repository root with a lowbit-plan binary at
+# .gpubin/lowbit-plan (any build of tools/lowbit-plan).
+import sys, os, csv, subprocess, tempfile
 sys.path.insert(0, "examples/pytorch")
 import torch
 from qsync import zoo, export as ex, qsync_model as qm
