@@ -19,7 +19,7 @@ before.readings("docs/results/qsync-zoo-2026-12-06b-h100/", ("part1", "part2"),
                 [BEFORE + p + "-run.log" for p in ("part1", "part2", "rerun")])
 
 UNIFORM = ("fp32", "fp16", "bf16")
-rows = list(csv.DictReader(open("docs/qsync/zoo-2026-12-06b-h100.csv")))
+rows = list(csv.DictReader(open("docs/results/qsync-zoo-2026-12-06b-h100/zoo.csv")))
 within = lambda r: abs(float(r["time_error"])) <= (5 if r["bound"] == "gpu" else 15)
 wraps = lambda r: r["plan"] not in UNIFORM
 # (name, rows kept, the plans whose median errors are shown apart; none: the group's)
