@@ -1,5 +1,6 @@
 // What a precision switch costs under lowbit's plan applier: its edge casts' GPU time from
-// the device's cast fit, their host time forward and backward, and the wrapped ops' hooks.
+// the device's cast fit, their host time forward and backward, and the wrapped ops' own
+// host time forward (hooks) and backward.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -32,8 +33,9 @@ simulator measured_chain(std::vector<op> ops, const device_profile& d, double ho
   return simulator(m, {"one", {grp}, {"l", 1, 0}});
 }
 
-device_profile with_switch_costs(device_profile d, double fwd, double bwd, double wrap) {
-  d.switches = {fwd, bwd, wrap};
+device_profile with_switch_costs(device_profile d, double fwd, double bwd, double wrap,
+                                 double wrap_backward = 0.0) {
+  d.switches = {fwd, bwd, wrap, wrap_backward};
   return d;
 }
 
@@ -79,6 +81,17 @@ TEST_CASE("switch: a host-bound mixed plan grows by exactly its casts' and hooks
   for (const kernel& k : priced.trace(0, mixed).kernels)
     if (k.kind == kernel_kind::cast) cast_host.push_back(k.cpu_ms);
   REQUIRE(cast_host == std::vector<double>{fwd, fwd, bwd, bwd});
+  // A wrapped op's backward cost beyond its casts: on the backward kernels of the two
+  // wrapped ops, and nowhere in a uniform plan.
+  const double wrap_bwd = 0.007;
+  const simulator both =
+      measured_chain(ops, with_switch_costs(d, fwd, bwd, wrap, wrap_bwd), 1.0, 0.01);
+  REQUIRE(iteration(both, mixed) - iteration(priced, mixed) == Approx(2 * wrap_bwd).epsilon(1e-12));
+  for (const kernel& k : both.trace(0, mixed).kernels)
+    if (k.kind == kernel_kind::backward)
+      REQUIRE(k.cpu_ms == Approx(1.0 + (k.op == 2 || k.op == 3 ? wrap_bwd : 0.0)));
+  REQUIRE(iteration(both, std::vector<P>(5, P::fp32)) ==
+          iteration(base, std::vector<P>(5, P::fp32)));
   // The same plan without the applier (QSync's per-edge casts) wraps nothing: the casts'
   // host time alone.
   const simulator edge = measured_chain(ops, d, 1.0, 0.01, cast_rule::per_edge);
@@ -118,7 +131,8 @@ TEST_CASE("switch: a layer norm at fp32 among 16-bit ops costs its hooks, not ca
 TEST_CASE("switch: cast fits and switch host times from device JSON") {
   const auto j = nlohmann::json::parse(R"({"base": "H200",
       "cast_fits": {"float_to_float": {"a_ms": 1.5e-9, "b_ms": 0.0025}},
-      "cast_host_ms": 0.031, "cast_backward_host_ms": 0.012, "wrap_host_ms": 0.044})");
+      "cast_host_ms": 0.031, "cast_backward_host_ms": 0.012, "wrap_host_ms": 0.044,
+      "wrap_backward_host_ms": 0.017})");
   const device_profile d = device_from_json(j);
   REQUIRE(d.casts.float_to_float.a_ms == 1.5e-9);
   REQUIRE(d.casts.float_to_float.b_ms == 0.0025);
@@ -126,6 +140,7 @@ TEST_CASE("switch: cast fits and switch host times from device JSON") {
   REQUIRE(d.cast_host_ms(false) == 0.031);
   REQUIRE(d.cast_host_ms(true) == 0.012);
   REQUIRE(d.switches.wrap_ms == 0.044);
+  REQUIRE(d.switches.wrap_backward_ms == 0.017);
   // switch_probe.py's "device" object applies to a built-in device as it is.
   device_profile h = h200();
   apply_device_fields(h, j);
@@ -134,6 +149,9 @@ TEST_CASE("switch: cast fits and switch host times from device JSON") {
   REQUIRE_THROWS_WITH(device_from_json(nlohmann::json::parse(
                           R"({"base": "H200", "cast_fits": {"fp8": {"a_ms": 1}}})")),
                       Catch::Contains("unknown fit 'fp8'"));
+  REQUIRE_THROWS_WITH(device_from_json(nlohmann::json::parse(
+                          R"({"base": "H200", "wrap_backward_host_ms": -0.01})")),
+                      Catch::Contains("must be >= 0"));
 }
 
 TEST_CASE("switch: fp8 ops take and give bf16, so a bf16 step casts nothing around them") {

@@ -62,13 +62,17 @@ inline cast_costs scaled_cast_costs(double memory_bandwidth_gbs) {
 
 /// Host time a precision switch costs under lowbit's plan applier
 /// (examples/pytorch/qsync/apply_plan.py), beyond the ops at their own precisions: its
-/// casts of activations and gradients, and the forward hooks of every op it wraps. No
-/// profile holds them (a uniform plan wraps nothing). Measured by switch_probe.py; the
-/// defaults price a cast as one launch each way and the hooks at nothing.
+/// casts of activations and gradients, and what every op it wraps costs beyond them in
+/// forward (its hooks) and in backward. No profile holds them (a uniform plan wraps
+/// nothing). Measured by switch_probe.py; the defaults price a cast as one launch each way
+/// and a wrapped op at nothing.
 struct switch_host_costs {
   double cast_forward_ms = -1.0;   ///< one edge cast in forward (Python `.to`); < 0: launch_ms
   double cast_backward_ms = -1.0;  ///< its gradient's cast (autograd's node); < 0: launch_ms
   double wrap_ms = 0.0;            ///< a wrapped op's forward hooks, autocast enter and exit
+  /// A wrapped op's backward beyond its casts' gradients: what the probe's mixed chain
+  /// takes in backward over its ops and its gradient casts, per wrapped op.
+  double wrap_backward_ms = 0.0;
 };
 
 /// One GPU model. All fields are public so that measured values can replace the

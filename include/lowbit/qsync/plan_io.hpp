@@ -148,7 +148,8 @@ inline linear_cost linear_cost_of(const nlohmann::json& j, linear_cost c) {
 /// compute_efficiency, bandwidth_efficiency, launch_ms, reserved_gib, workspace_mib,
 /// precisions [...], peak_tflops {"fp16": 60, ...}, cast_fits {"float_to_float" |
 /// "quantize" | "dequantize": {"a_ms", "b_ms"}} and the host time of a precision switch
-/// under the plan applier: cast_host_ms, cast_backward_host_ms, wrap_host_ms.
+/// under the plan applier: cast_host_ms, cast_backward_host_ms, wrap_host_ms,
+/// wrap_backward_host_ms.
 inline void apply_device_fields(device_profile& d, const nlohmann::json& j) {
   LOWBIT_EXPECTS(j.is_object(), "device: expected an object");
   d.name = j.value("name", d.name);
@@ -177,6 +178,10 @@ inline void apply_device_fields(device_profile& d, const nlohmann::json& j) {
   d.switches.cast_backward_ms =
       detail::number_or(j, "cast_backward_host_ms", d.switches.cast_backward_ms);
   d.switches.wrap_ms = detail::number_or(j, "wrap_host_ms", d.switches.wrap_ms);
+  d.switches.wrap_backward_ms =
+      detail::number_or(j, "wrap_backward_host_ms", d.switches.wrap_backward_ms);
+  LOWBIT_EXPECTS(d.switches.wrap_ms >= 0 && d.switches.wrap_backward_ms >= 0,
+                 "device: wrap_host_ms and wrap_backward_host_ms must be >= 0");
 }
 
 /// A device from JSON: a built-in name (`"T4"`), or `{"base": "T4", ...overrides}` with

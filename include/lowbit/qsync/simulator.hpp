@@ -132,8 +132,9 @@ class simulator {
   /// else one launch); an edge cast carries the device's cast host time (forward, or its
   /// gradient's in backward), a weight or graph-input cast one launch. Through the
   /// ambient, every op the applier wraps (wrapped_ops at the ambient) carries the host time
-  /// of its hooks on its forward kernel, unless its measured time holds them (an fp8 op:
-  /// the applier wraps every fp8 op, the uniform fp8 profile's too). The tail is the one measured
+  /// of its hooks on its forward kernel and what it costs in backward beyond its casts'
+  /// gradients on its backward kernel, unless its measured time holds them (an fp8 op: the
+  /// applier wraps every fp8 op, the uniform fp8 profile's too). The tail is the one measured
   /// at A (else the roofline optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
@@ -173,11 +174,13 @@ class simulator {
     };
     const std::vector<bool> wrapped =
         through_ambient ? wrapped_ops(p, ambient) : std::vector<bool>(gr.size(), false);
-    const double wrap = cm.device().switches.wrap_ms;
+    const switch_host_costs& sw = cm.device().switches;
     // An op that does not carry its own precision (fp8) is off the ambient even in its
-    // uniform plan, so its profile ran it wrapped: its measured host time holds the hooks.
-    const auto wrap_ms = [&](std::size_t i, bool inside) {
-      return wrapped[i] && !(inside && carried(i) != p[i]) ? wrap : 0.0;
+    // uniform plan, so its profile ran it wrapped: its measured host time holds the hooks
+    // (`inside`: its time at p[i] was measured, forward or backward).
+    const auto wrap_ms = [&](std::size_t i, bool inside, bool backward) {
+      const bool held = inside && carried(i) != p[i];
+      return wrapped[i] && !held ? (backward ? sw.wrap_backward_ms : sw.wrap_ms) : 0.0;
     };
     // The code between the ops (residual adds, functional attention, a loss), measured
     // before each op in the profile whose tail the plan takes: the code runs at the
@@ -209,8 +212,8 @@ class simulator {
         for (std::size_t j : gr.producers(i)) in += gr.at(j).output_numel;
         cast(carried(i), p[i], in, i, launch);
       }
-      push(cm.host_time(o, p[i]).forward_ms + wrap_ms(i, inside), cm.time(o, p[i]).forward_ms,
-           kernel_kind::forward, i);
+      push(cm.host_time(o, p[i]).forward_ms + wrap_ms(i, inside, false),
+           cm.time(o, p[i]).forward_ms, kernel_kind::forward, i);
       if (through_ambient) edge_cast(carried(i), ambient, o.output_numel, i, i, false);
     }
     std::vector<std::size_t> grad_ready(gr.size(), no_index);
@@ -230,8 +233,10 @@ class simulator {
       if (ambient_copy_read[i]) edge_cast(ambient, carried(i), o.output_numel, i, i, true);
       if (carried(i) != p[i] && o.has_backward && !cm.measured_with_casts(o, p[i], true))
         cast(carried(i), p[i], o.output_numel, i, launch);  // its output gradient, inside it
-      push(cm.host_time(o, p[i]).backward_ms, cm.time(o, p[i]).backward_ms, kernel_kind::backward,
-           i);
+      // (an op without a backward, an identity or a dropout of p = 0, makes no node: none)
+      push(cm.host_time(o, p[i]).backward_ms +
+               (o.has_backward ? wrap_ms(i, cm.measured_with_casts(o, p[i], true), true) : 0.0),
+           cm.time(o, p[i]).backward_ms, kernel_kind::backward, i);
       if (o.has_params() && !cm.measured_with_casts(o, p[i], true))
         cast(p[i], precision::fp32, o.trainable_numel(), i, launch);
       grad_ready[i] = t.kernels.size() - 1;

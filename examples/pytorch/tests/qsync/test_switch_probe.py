@@ -29,11 +29,24 @@ class Fit(unittest.TestCase):
         self.assertAlmostEqual(b / 3e-3, 1.0, places=9)
 
 
+class WrapCosts(unittest.TestCase):
+    def test_the_switches_less_their_casts_over_the_wrapped_ops(self):
+        situ = {"wrapped": 4.0, "forward_casts": 6.0, "backward_casts": 5.0,
+                "forward": {"switch_ms": 1.0}, "backward": {"switch_ms": 0.5}}
+        fwd, bwd = sp.wrap_costs(situ, {"cast_forward_ms": 0.1, "cast_backward_ms": 0.04})
+        self.assertAlmostEqual(fwd, (1.0 - 0.6) / 4)
+        self.assertAlmostEqual(bwd, (0.5 - 0.2) / 4)
+        # a backward cast measured below 0 prices the casts at nothing, not less
+        _, bwd = sp.wrap_costs(situ, {"cast_forward_ms": 0.1, "cast_backward_ms": -0.01})
+        self.assertAlmostEqual(bwd, 0.5 / 4)
+
+
 class ClusterJson(unittest.TestCase):
     def test_probe_constants_go_into_the_device(self):
         probe = {"date": "2026-01-01", "gpu": "test", "device": {
             "cast_fits": {"float_to_float": {"a_ms": 1e-9, "b_ms": 2e-3}},
-            "cast_host_ms": 0.02, "cast_backward_host_ms": 0.01, "wrap_host_ms": 0.03}}
+            "cast_host_ms": 0.02, "cast_backward_host_ms": 0.01, "wrap_host_ms": 0.03,
+            "wrap_backward_host_ms": 0.015}}
         with tempfile.TemporaryDirectory() as out:
             os.makedirs(os.path.join(out, "traces"))
             with gzip.open(os.path.join(out, "traces", "c_fp32.json.gz"), "wt") as f:
