@@ -51,7 +51,7 @@ options:
   --switch-costs FILE   what a precision switch costs on every group's device, as
                         switch_probe.py measures it (its "device" object: cast fits,
                         cast_host_ms, cast_backward_host_ms, wrap_host_ms,
-                        wrap_backward_host_ms)
+                        wrap_backward_host_ms, function_call_host_ms)
   --batch N             per-GPU batch of a built-in model (resnet50: 32, bert-base: 8)
   --seq N               sequence length of bert-base (default 384)
   --target-ms X         iteration-time target; default: the fastest device type's

@@ -34,8 +34,8 @@ simulator measured_chain(std::vector<op> ops, const device_profile& d, double ho
 }
 
 device_profile with_switch_costs(device_profile d, double fwd, double bwd, double wrap,
-                                 double wrap_backward = 0.0) {
-  d.switches = {fwd, bwd, wrap, wrap_backward};
+                                 double wrap_backward = 0.0, double mode_call = 0.0) {
+  d.switches = {fwd, bwd, wrap, wrap_backward, mode_call};
   return d;
 }
 
@@ -92,6 +92,16 @@ TEST_CASE("switch: a host-bound mixed plan grows by exactly its casts' and hooks
       REQUIRE(k.cpu_ms == Approx(1.0 + (k.op == 2 || k.op == 3 ? wrap_bwd : 0.0)));
   REQUIRE(iteration(both, std::vector<P>(5, P::fp32)) ==
           iteration(base, std::vector<P>(5, P::fp32)));
+  // A wrapped function op's torch calls the applier's mode checks: op2 (wrapped) makes 6,
+  // op1 (not wrapped) 4: only op2's are priced, on its forward kernel.
+  auto fn_ops = ops;
+  fn_ops[1].mode_calls = 4;
+  fn_ops[2].mode_calls = 6;
+  const double per_call = 0.002;
+  const simulator moded =
+      measured_chain(fn_ops, with_switch_costs(d, fwd, bwd, wrap, 0.0, per_call), 1.0, 0.01);
+  REQUIRE(iteration(moded, mixed) - iteration(priced, mixed) ==
+          Approx(6 * per_call).epsilon(1e-12));
   // The same plan without the applier (QSync's per-edge casts) wraps nothing: the casts'
   // host time alone.
   const simulator edge = measured_chain(ops, d, 1.0, 0.01, cast_rule::per_edge);
@@ -132,7 +142,7 @@ TEST_CASE("switch: cast fits and switch host times from device JSON") {
   const auto j = nlohmann::json::parse(R"({"base": "H200",
       "cast_fits": {"float_to_float": {"a_ms": 1.5e-9, "b_ms": 0.0025}},
       "cast_host_ms": 0.031, "cast_backward_host_ms": 0.012, "wrap_host_ms": 0.044,
-      "wrap_backward_host_ms": 0.017})");
+      "wrap_backward_host_ms": 0.017, "function_call_host_ms": 0.004})");
   const device_profile d = device_from_json(j);
   REQUIRE(d.casts.float_to_float.a_ms == 1.5e-9);
   REQUIRE(d.casts.float_to_float.b_ms == 0.0025);
@@ -141,6 +151,7 @@ TEST_CASE("switch: cast fits and switch host times from device JSON") {
   REQUIRE(d.cast_host_ms(true) == 0.012);
   REQUIRE(d.switches.wrap_ms == 0.044);
   REQUIRE(d.switches.wrap_backward_ms == 0.017);
+  REQUIRE(d.switches.mode_call_ms == 0.004);
   // switch_probe.py's "device" object applies to a built-in device as it is.
   device_profile h = h200();
   apply_device_fields(h, j);
@@ -254,9 +265,14 @@ TEST_CASE("switch: an op without a backward costs nothing there, measured or not
   // from a model JSON: "backward": false
   const training_model m = model_from_json(nlohmann::json::parse(R"({"ops": [
       {"name": "a", "kind": "linear", "param_numel": 10},
-      {"name": "b", "inputs": ["a"], "backward": false}]})"));
+      {"name": "b", "inputs": ["a"], "backward": false, "mode_calls": 7}]})"));
   REQUIRE(m.graph.at(0).has_backward);
   REQUIRE_FALSE(m.graph.at(1).has_backward);
+  REQUIRE(m.graph.at(0).mode_calls == 0.0);
+  REQUIRE(m.graph.at(1).mode_calls == 7.0);
+  REQUIRE_THROWS_WITH(
+      model_from_json(nlohmann::json::parse(R"({"ops": [{"name": "a", "mode_calls": -1}]})")),
+      Catch::Contains("\"mode_calls\" must be >= 0"));
 }
 
 TEST_CASE("switch: a parameter-free op fed by no op runs in the step's context, not wrapped") {

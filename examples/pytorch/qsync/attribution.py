@@ -204,7 +204,10 @@ class OpTracker:
     watches: the mode's Python check on each of their torch calls would be host time
     for nothing).
     ``callers=True`` keeps ``caller()``: the innermost non-leaf module running, the one
-    whose code calls a function op (its scope). Calls are
+    whose code calls a function op (its scope), and ``mode_calls``: {caller: torch calls
+    the function mode saw in the root's forward while that module was the innermost
+    non-leaf one running, but while ``counting`` is off (the user's own hooks' calls)}:
+    what the applier's mode checks while a scope runs. Calls are
     counted per module and iteration (the root's forward starts one), so every user
     names an op the same way. ``recompute``: None, and a call made during a backward pass
     (``recomputing()``) is no op (no ``enter``/``exit``); else such a call is the forward
@@ -227,6 +230,8 @@ class OpTracker:
         self.wholes = wholes or {}
         self.leaves, self.functions, self.on_iteration = leaves, functions, on_iteration
         self.scopes, self.callers, self.recompute = scopes, callers, recompute
+        self.mode_calls: Dict[str, int] = {}
+        self.counting = True
         self.quiet = quiet or set()
         self.count: Dict[int, int] = {}
         # with recompute: each module's ops this iteration, the forward's calls in order,
@@ -283,6 +288,7 @@ class OpTracker:
         if self.in_forward > 1 or recomputing():  # the root within itself, or recomputed
             return
         self.count.clear()
+        self.mode_calls.clear()
         self.forward_ops.clear()
         self.calls.clear()
         self.place.clear()
@@ -470,6 +476,9 @@ class _FunctionOps(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         t = self.tracker
+        if t.callers and t.counting and t.in_forward:
+            c = t.caller()
+            t.mode_calls[c] = t.mode_calls.get(c, 0) + 1
         if (t.active is None and (t.in_forward or (t.recompute is not None and recomputing()))
                 and getattr(func, "__name__", "") not in _NOT_OPS):
             params = []

@@ -151,6 +151,27 @@ def _assign_params(records: Dict[str, dict], uses: Dict[str, list], names: Dict[
     return set(owner)
 
 
+def _mode_calls(records, by_caller: Dict[str, int], model: torch.nn.Module) -> None:
+    """Gives each function op ``mode_calls``: the torch calls the plan applier's function
+    mode checks in a step while the op's caller runs (by_caller: OpTracker.mode_calls),
+    shared among the caller's function ops; 0 where the applier hooks the caller as its
+    one op, with no mode (apply_plan.whole_callers). Its host time is in no profile:
+    lowbit-plan prices it on a wrapped function op (function_call_host_ms)."""
+    from .apply_plan import whole_callers  # apply_plan imports this module
+
+    fn = {op: r for op, r in records.items() if r.get("call") == "function"}
+    if not fn:
+        return
+    wholes = whole_callers([dict(r, name=op) for op, r in records.items()],
+                           dict(model.named_modules()))
+    share: Dict[str, int] = {}
+    for r in fn.values():
+        share[r.get("caller", "")] = share.get(r.get("caller", ""), 0) + 1
+    for r in fn.values():
+        c = r.get("caller", "")
+        r["mode_calls"] = 0.0 if c in wholes else by_caller.get(c, 0) / float(share[c])
+
+
 def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precision: str,
                with_stats: bool = False, device_type: str = "cuda") -> Records:
     """Runs ``step`` (forward and loss, returning the loss) once under ``precision``,
@@ -207,6 +228,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 "and backward: checkpoint with use_reentrant=False (transformers' default)"
                 % op)
         counter.paused = True
+        tracker.counting = False  # this hook's own torch calls are not the model's
         started[op] = _autograd_sequence_now()
         ins = tensors((args, kwargs))
         ins_fl = [t for t in ins if not isinstance(t, torch.nn.Parameter)]
@@ -239,10 +261,12 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                     s["weight_absmax"] = float(w[0].abs().max())
         current[0] = op
         counter.paused = False
+        tracker.counting = True
         return None
 
     def exit(op, args, kwargs, out):
         counter.paused = True
+        tracker.counting = False
         outs = tensors(out)
         r = records[op]
         r["output_numel"] = float(_numel(outs))
@@ -274,6 +298,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         last[0] = op
         current[0] = None
         counter.paused = False
+        tracker.counting = True
         return None
 
     def pack(t):
@@ -324,6 +349,7 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
     for r in records.values():
         for k in ("input_numel", "uses_params"):
             r.pop(k, None)
+    _mode_calls(records, tracker.mode_calls, model)
     records.unattributed = [
         {"name": "aten::" + n, "count": u["count"], "flops": u["flops"],
          "output_numel": u["output_numel"], "after": u["after"]}

@@ -128,7 +128,9 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
     op as its first input, also under ``"weights_from"``. An op that is a torch
     function rather than a leaf module's call carries ``"call": "function"``, the
     function's name and the ``"caller"``, the module whose code called it (the plan
-    applier finds it so; lowbit-plan ignores all three). The
+    applier finds it so; lowbit-plan ignores all three), and ``"mode_calls"``, the torch
+    calls the applier's function mode checks a step on its account where it wraps it
+    (export._mode_calls; lowbit-plan prices them). The
     records' ``unattributed`` list (export.Records: the aten operators of the code
     between the ops, by name, with count and FLOPs) goes under "unattributed", each
     marked ``"priced_as": "tail"``: lowbit-plan ignores the key and prices that code as
@@ -170,7 +172,7 @@ def model_json(records: Dict[str, dict], name: str, trace=None,
             o["frozen_numel"] = float(r["frozen_numel"])
         if r.get("call") == "function":  # a torch function taking a parameter
             o["call"] = "function"
-            for k in ("function", "caller"):
+            for k in ("function", "caller", "mode_calls"):
                 if r.get(k) is not None:
                     o[k] = r[k]
         if r.get("backward") is False:  # its forward made no autograd node (export.py)

@@ -32,7 +32,12 @@ No profile holds any of it (a uniform plan wraps nothing), so it measures:
     ``wrap_backward_host_ms`` (what the switches cost backward beyond the casts: on one
     H100, 0.029 ms a backward cast in situ against (b)'s 0.012). The casts and wrapped ops
     are counted, not assumed: the applier's ``Tensor.to`` calls (a TorchFunctionMode), its
-    ToCopyBackward nodes on the autograd graph, its wrapped ops.
+    ToCopyBackward nodes on the autograd graph, its wrapped ops;
+(d) the host time of one torch call the applier's torch function mode checks (on while a
+    wrapped function op's caller runs): a module whose forward makes n ``torch.add``
+    calls, under an OpTracker whose mode is on against none, at two n; the difference of
+    the slopes -> ``function_call_host_ms`` (lowbit-plan prices a wrapped function op's
+    ``mode_calls`` at it, the model JSON's count from export.py).
 
 Host times are wall-clock medians of interleaved rounds with Python's collector off, on
 steps whose GPU work is small (host-bound). Writes JSON: ``{"probe", "date", "torch",
@@ -44,6 +49,7 @@ tiny sizes: a check of the code, whose numbers mean nothing for a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -326,6 +332,48 @@ def in_situ(torch, device, smoke, blocks, width, batch):
     return out
 
 
+def mode_call(torch, device, smoke):
+    """(d): host ms of one torch call checked by the applier's function mode."""
+    from .attribution import OpTracker
+
+    class Calls(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4, device=device))  # the mode's owners
+            self.n = 0
+
+        def forward(self, x):
+            for _ in range(self.n):
+                x = torch.add(x, 1.0)
+            return x * self.w
+
+    m, x = Calls(), torch.zeros(4, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    counts, reps = ((2, 6), 5) if smoke else ((8, 72), 200)
+    med = {}
+    with torch.no_grad(), collector_off():
+        for tracked in (False, True):
+            tracker = OpTracker(m, lambda *a: None, lambda *a: None, leaves=set(),
+                                functions=True)
+            for n in counts:
+                m.n, times = n, []
+                with tracker if tracked else contextlib.nullcontext():
+                    for r in range(reps + 3):
+                        sync()
+                        t0 = time.perf_counter()
+                        m(x)
+                        t1 = time.perf_counter()
+                        if r >= 3:
+                            times.append(1000.0 * (t1 - t0))
+                med[(tracked, n)] = median(times)
+    slope = {t: (med[(t, counts[1])] - med[(t, counts[0])]) / (counts[1] - counts[0])
+             for t in (False, True)}
+    return {"calls": list(counts), "reps": reps,
+            "plain_ms": [med[(False, n)] for n in counts],
+            "moded_ms": [med[(True, n)] for n in counts],
+            "per_call_ms": slope[True] - slope[False]}
+
+
 def wrap_costs(situ, host):
     """(forward, backward) host ms a wrapped op costs beyond its casts: the in-situ
     chain's switch time each way, less its casts at (b)'s prices, over its wrapped ops
@@ -349,6 +397,7 @@ def probe(args):
     host = cast_host(torch, device, dtypes, args.smoke)
     situ = in_situ(torch, device, args.smoke, 7 if args.smoke else args.blocks,
                    8 if args.smoke else args.width, 4 if args.smoke else args.batch)
+    calls = mode_call(torch, device, args.smoke)
     wrap, wrap_backward = wrap_costs(situ, host)
     situ["backward_cast_ms"] = situ["backward"]["switch_ms"] / max(1.0, situ["backward_casts"])
     situ["wrap_ms"], situ["wrap_backward_ms"] = wrap, wrap_backward
@@ -358,6 +407,9 @@ def probe(args):
                      "may hold host time" % fit["not_queued"])
     if wrap < 0:
         notes.append("wrap_host_ms measured below 0 (%.4f ms): written as 0" % wrap)
+    if calls["per_call_ms"] < 0:
+        notes.append("function_call_host_ms measured below 0 (%.5f ms): written as 0"
+                     % calls["per_call_ms"])
     if wrap_backward < 0:
         notes.append("wrap_backward_host_ms measured below 0 (%.4f ms): written as 0"
                      % wrap_backward)
@@ -375,8 +427,9 @@ def probe(args):
             "cast_backward_host_ms": max(0.0, host["cast_backward_ms"]),
             "wrap_host_ms": max(0.0, wrap),
             "wrap_backward_host_ms": max(0.0, wrap_backward),
+            "function_call_host_ms": max(0.0, calls["per_call_ms"]),
         },
-        "measured": {"cast_gpu": fit, "cast_host": host, "in_situ": situ},
+        "measured": {"cast_gpu": fit, "cast_host": host, "in_situ": situ, "mode_call": calls},
     }
 
 
@@ -400,11 +453,11 @@ def main(argv=None):
     d = result["device"]
     print("switch_probe: %s, torch %s: cast %.3e ms/element + %.4f ms; host per cast %.4f ms "
           "forward, %.4f ms backward; a wrapped op %.4f ms forward (hooks), %.4f ms "
-          "backward -> %s" % (
+          "backward; a torch call in the function mode %.5f ms -> %s" % (
               result["gpu"], result["torch"], d["cast_fits"]["float_to_float"]["a_ms"],
               d["cast_fits"]["float_to_float"]["b_ms"], d["cast_host_ms"],
               d["cast_backward_host_ms"], d["wrap_host_ms"], d["wrap_backward_host_ms"],
-              args.out))
+              d["function_call_host_ms"], args.out))
     for n in result["notes"]:
         print("switch_probe: " + n)
     return 0

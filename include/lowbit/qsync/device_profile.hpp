@@ -73,6 +73,9 @@ struct switch_host_costs {
   /// A wrapped op's backward beyond its casts' gradients: what the probe's mixed chain
   /// takes in backward over its ops and its gradient casts, per wrapped op.
   double wrap_backward_ms = 0.0;
+  /// One torch call checked by the applier's torch function mode (op::mode_calls of a
+  /// wrapped function op).
+  double mode_call_ms = 0.0;
 };
 
 /// One GPU model. All fields are public so that measured values can replace the

@@ -125,6 +125,10 @@ struct op {
   /// p = 0, a view): it does nothing in backward, and its profile has no backward range
   /// to measure (the cost model prices its backward at 0, not from the roofline).
   bool has_backward = true;
+  /// A function op's torch calls a step that lowbit's plan applier checks in Python (its
+  /// torch function mode, on while the op's caller runs) where it wraps the op: the
+  /// caller's calls shared among its function ops (export.py); 0 for a module's call.
+  double mode_calls = 0.0;
   tensor_stats stats;
   /// Bytes the op saved for backward when profiled at each precision (indexed by
   /// index_of), negative where not measured. Measured sizes see what the storage-width

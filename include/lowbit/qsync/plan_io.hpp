@@ -56,7 +56,8 @@ inline std::vector<precision> precisions_of(const nlohmann::json& j) {
 ///            (the op whose parameters it runs with, one of its inputs),
 ///            "allowed": ["fp16", ...],
 ///            "backward": false (no backward work; default true), "frozen_numel" (of
-///            param_numel, those without gradients), "stats": {"weight_norm", ...}}],
+///            param_numel, those without gradients), "mode_calls" (a function op's torch
+///            calls the plan applier's mode checks a step), "stats": {"weight_norm", ...}}],
 ///   "unused_params": {"numel", "names"} (parameters no op takes)}`.
 /// Unknown input ops and cycles are reported by op_graph, naming the op.
 inline training_model model_from_json(const nlohmann::json& j) {
@@ -106,6 +107,8 @@ inline training_model model_from_json(const nlohmann::json& j) {
       }
       if (x.contains("allowed")) o.allowed = detail::precisions_of(x["allowed"]);
       o.has_backward = x.value("backward", true);
+      o.mode_calls = detail::number_or(x, "mode_calls", 0);
+      LOWBIT_EXPECTS(o.mode_calls >= 0, "\"mode_calls\" must be >= 0");
       // Measured bytes per precision: {"fp32": B, "bf16": B}.
       const auto per_precision = [&](const char* key, std::array<double, precision_count>& to) {
         if (x.contains(key))
@@ -149,7 +152,7 @@ inline linear_cost linear_cost_of(const nlohmann::json& j, linear_cost c) {
 /// precisions [...], peak_tflops {"fp16": 60, ...}, cast_fits {"float_to_float" |
 /// "quantize" | "dequantize": {"a_ms", "b_ms"}} and the host time of a precision switch
 /// under the plan applier: cast_host_ms, cast_backward_host_ms, wrap_host_ms,
-/// wrap_backward_host_ms.
+/// wrap_backward_host_ms, function_call_host_ms.
 inline void apply_device_fields(device_profile& d, const nlohmann::json& j) {
   LOWBIT_EXPECTS(j.is_object(), "device: expected an object");
   d.name = j.value("name", d.name);
@@ -180,8 +183,11 @@ inline void apply_device_fields(device_profile& d, const nlohmann::json& j) {
   d.switches.wrap_ms = detail::number_or(j, "wrap_host_ms", d.switches.wrap_ms);
   d.switches.wrap_backward_ms =
       detail::number_or(j, "wrap_backward_host_ms", d.switches.wrap_backward_ms);
-  LOWBIT_EXPECTS(d.switches.wrap_ms >= 0 && d.switches.wrap_backward_ms >= 0,
-                 "device: wrap_host_ms and wrap_backward_host_ms must be >= 0");
+  d.switches.mode_call_ms = detail::number_or(j, "function_call_host_ms", d.switches.mode_call_ms);
+  LOWBIT_EXPECTS(
+      d.switches.wrap_ms >= 0 && d.switches.wrap_backward_ms >= 0 && d.switches.mode_call_ms >= 0,
+      "device: wrap_host_ms, wrap_backward_host_ms and function_call_host_ms "
+      "must be >= 0");
 }
 
 /// A device from JSON: a built-in name (`"T4"`), or `{"base": "T4", ...overrides}` with

@@ -132,10 +132,11 @@ class simulator {
   /// else one launch); an edge cast carries the device's cast host time (forward, or its
   /// gradient's in backward), a weight or graph-input cast one launch. Through the
   /// ambient, every op the applier wraps (wrapped_ops at the ambient) carries the host time
-  /// of its hooks on its forward kernel and what it costs in backward beyond its casts'
-  /// gradients on its backward kernel, unless its measured time holds them (an fp8 op: the
-  /// applier wraps every fp8 op, the uniform fp8 profile's too). The tail is the one measured
-  /// at A (else the roofline optimizer step).
+  /// of its hooks on its forward kernel (a function op also its mode_calls, the torch
+  /// calls the applier's function mode checks for it) and what it costs in backward
+  /// beyond its casts' gradients on its backward kernel, unless its measured time holds
+  /// them (an fp8 op: the applier wraps every fp8 op, the uniform fp8 profile's too). The tail is
+  /// the one measured at A (else the roofline optimizer step).
   device_trace trace(std::size_t g, const std::vector<precision>& p) const {
     const op_graph& gr = model_.graph;
     const cost_model& cm = costs_.at(g);
@@ -180,7 +181,8 @@ class simulator {
     // (`inside`: its time at p[i] was measured, forward or backward).
     const auto wrap_ms = [&](std::size_t i, bool inside, bool backward) {
       const bool held = inside && carried(i) != p[i];
-      return wrapped[i] && !held ? (backward ? sw.wrap_backward_ms : sw.wrap_ms) : 0.0;
+      if (!wrapped[i] || held) return 0.0;
+      return backward ? sw.wrap_backward_ms : sw.wrap_ms + gr.at(i).mode_calls * sw.mode_call_ms;
     };
     // The code between the ops (residual adds, functional attention, a loss), measured
     // before each op in the profile whose tail the plan takes: the code runs at the

@@ -150,3 +150,54 @@ class Profile(unittest.TestCase):
                 gc.enable()
         self.assertEqual(seen, [False] * len(seen))
         self.assertEqual(len(seen), 4)  # 0 + 1 + 1 steps, twice
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class ModeCalls(unittest.TestCase):
+    """export.record_ops counts, per function op, the torch calls the applier's function
+    mode would check while the op's caller runs (shared among the caller's function ops;
+    none for a caller hooked whole), not the export's own hooks' calls."""
+
+    def records(self, extra):
+        import torch.nn.functional as F
+        from qsync import export as ex
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w1 = torch.nn.Parameter(torch.randn(4, 4))
+                self.w2 = torch.nn.Parameter(torch.randn(4, 4))
+                self.act = torch.nn.ReLU()
+
+            def forward(self, x):
+                y = self.act(F.linear(x, self.w1) + 1)
+                for _ in range(extra):
+                    y = torch.add(y, 0.5)
+                return F.linear(y, self.w2) * 2
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.block = Block()
+                self.mha = torch.nn.MultiheadAttention(4, 1, batch_first=True)
+
+            def forward(self, x):
+                return self.mha(self.block(x), x, x, need_weights=False)[0]
+
+        torch.manual_seed(0)
+        model, x = Net(), torch.randn(2, 3, 4)
+        return ex.record_ops(model, lambda: model(x).pow(2).mean(), "fp32", device_type="cpu")
+
+    def test_shared_among_the_callers_function_ops_and_none_for_a_whole_caller(self):
+        plain, more = self.records(0), self.records(3)
+        fn = [op for op, r in plain.items() if r.get("call") == "function"]
+        self.assertEqual(sorted(r["caller"] for r in (plain[op] for op in fn)),
+                         ["block", "block", "mha"])
+        block = [op for op in fn if plain[op]["caller"] == "block"]
+        self.assertGreater(plain[block[0]]["mode_calls"], 0)
+        self.assertEqual(plain[block[0]]["mode_calls"], plain[block[1]]["mode_calls"])
+        # three more torch calls in the block's code: three more between its two ops
+        self.assertEqual(sum(more[op]["mode_calls"] for op in block) -
+                         sum(plain[op]["mode_calls"] for op in block), 3)
+        mha = next(op for op in fn if plain[op]["caller"] == "mha")
+        self.assertEqual(plain[mha]["mode_calls"], 0.0)

@@ -46,7 +46,7 @@ class ClusterJson(unittest.TestCase):
         probe = {"date": "2026-01-01", "gpu": "test", "device": {
             "cast_fits": {"float_to_float": {"a_ms": 1e-9, "b_ms": 2e-3}},
             "cast_host_ms": 0.02, "cast_backward_host_ms": 0.01, "wrap_host_ms": 0.03,
-            "wrap_backward_host_ms": 0.015}}
+            "wrap_backward_host_ms": 0.015, "function_call_host_ms": 0.004}}
         with tempfile.TemporaryDirectory() as out:
             os.makedirs(os.path.join(out, "traces"))
             with gzip.open(os.path.join(out, "traces", "c_fp32.json.gz"), "wt") as f:
@@ -78,6 +78,15 @@ class InSitu(unittest.TestCase):
         self.assertAlmostEqual(r["wrapped"], 4.0)
         for what in ("forward", "backward"):
             self.assertIn("switch_ms", r[what])
+
+    def test_mode_call_times_both_sides_at_both_counts(self):
+        import torch
+
+        r = sp.mode_call(torch, "cpu", True)
+        self.assertEqual(r["calls"], [2, 6])
+        self.assertEqual(len(r["plain_ms"]), 2)
+        self.assertEqual(len(r["moded_ms"]), 2)
+        self.assertTrue(all(t > 0 for t in r["plain_ms"] + r["moded_ms"]))
 
     @unittest.skipUnless(os.environ.get("LOWBIT_PLAN"), "set LOWBIT_PLAN to a lowbit-plan binary")
     def test_lowbit_plan_takes_the_probe_json(self):
