@@ -993,7 +993,9 @@ def parse_args(argv=None):
                          "that measure what the applier's wrappers cost this model's host, "
                          "used in place of the switch probe's wrap_host_ms (default 0: the "
                          "probe's; on four zoo cases on one H100 the model's own did not "
-                         "bring the wrapped plans' predictions nearer)")
+                         "bring the wrapped plans' predictions nearer; it holds the function "
+                         "mode's checks, which lowbit-plan also prices per wrapped function "
+                         "op, function_call_host_ms)")
     ap.add_argument("--rounds", type=int, default=10,
                     help="rounds the measurement is spread over, each timing every "
                          "precision's host side and then every plan (interleaved)")
