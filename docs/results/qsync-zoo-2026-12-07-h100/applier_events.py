@@ -40,6 +40,9 @@ for name in zoo.available()[0]:
             c = dict(calls)
             loss.backward(); model.zero_grad(set_to_none=True)
             wrapped_fn = sum(1 for o in ap.wrapped if any(x["name"] == o and x.get("call") == "function" for x in mj["ops"]))
+            # what lowbit-plan prices of them: the export's count (mode_calls) of the
+            # wrapped function ops (present from commit 109652d on; 0 before it)
+            priced = sum(x.get("mode_calls", 0) for x in mj["ops"] if x["name"] in ap.wrapped)
         w = len(ap.wrapped)
-        print("%-20s %-12s fn-ops %3d wrapped %3d (fn %2d) | hooks installed %4d, calls %4d (%.1f per wrapped) | mode dispatches %5d" % (
-            name, pn, fn_ops, w, wrapped_fn, installed, c.get("hook", 0), c.get("hook", 0) / max(1, w), c.get("mode", 0)), flush=True)
+        print("%-20s %-12s fn-ops %3d wrapped %3d (fn %2d) | hooks installed %4d, calls %4d (%.1f per wrapped) | mode dispatches %5d, export's mode_calls %5.0f" % (
+            name, pn, fn_ops, w, wrapped_fn, installed, c.get("hook", 0), c.get("hook", 0) / max(1, w), c.get("mode", 0), priced), flush=True)
