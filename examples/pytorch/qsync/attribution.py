@@ -206,8 +206,8 @@ class OpTracker:
     ``callers=True`` keeps ``caller()``: the innermost non-leaf module running, the one
     whose code calls a function op (its scope), and ``mode_calls``: {caller: torch calls
     the function mode saw in the root's forward while that module was the innermost
-    non-leaf one running, but while ``counting`` is off (the user's own hooks' calls)}:
-    what the applier's mode checks while a scope runs. Calls are
+    non-leaf one running, but for the calls of ``enter`` and ``exit`` themselves}: what
+    the applier's mode checks while a scope runs. Calls are
     counted per module and iteration (the root's forward starts one), so every user
     names an op the same way. ``recompute``: None, and a call made during a backward pass
     (``recomputing()``) is no op (no ``enter``/``exit``); else such a call is the forward
@@ -395,11 +395,14 @@ class OpTracker:
             if op is None:
                 return None
             self.active = op
+            self.counting = False  # enter's own torch calls are not the model's
             try:
                 new = self.enter(op, op_module, args, kwargs, own, None)
             except BaseException:
                 self.active = None
                 raise
+            finally:
+                self.counting = True
             stack[-1] = op
             return new
 
@@ -411,7 +414,11 @@ class OpTracker:
             if op is None:
                 return None
             self.active = None
-            return self.exit(op, args, kwargs, out)
+            self.counting = False  # nor exit's
+            try:
+                return self.exit(op, args, kwargs, out)
+            finally:
+                self.counting = True
 
         self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))

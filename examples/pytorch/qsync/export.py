@@ -22,6 +22,7 @@ Nothing here imports lowbit_torch or its extension.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import warnings
@@ -164,9 +165,7 @@ def _mode_calls(records, by_caller: Dict[str, int], model: torch.nn.Module) -> N
         return
     wholes = whole_callers([dict(r, name=op) for op, r in records.items()],
                            dict(model.named_modules()))
-    share: Dict[str, int] = {}
-    for r in fn.values():
-        share[r.get("caller", "")] = share.get(r.get("caller", ""), 0) + 1
+    share = collections.Counter(r.get("caller", "") for r in fn.values())
     for r in fn.values():
         c = r.get("caller", "")
         r["mode_calls"] = 0.0 if c in wholes else by_caller.get(c, 0) / float(share[c])
@@ -228,7 +227,6 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                 "and backward: checkpoint with use_reentrant=False (transformers' default)"
                 % op)
         counter.paused = True
-        tracker.counting = False  # this hook's own torch calls are not the model's
         started[op] = _autograd_sequence_now()
         ins = tensors((args, kwargs))
         ins_fl = [t for t in ins if not isinstance(t, torch.nn.Parameter)]
@@ -261,12 +259,10 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
                     s["weight_absmax"] = float(w[0].abs().max())
         current[0] = op
         counter.paused = False
-        tracker.counting = True
         return None
 
     def exit(op, args, kwargs, out):
         counter.paused = True
-        tracker.counting = False
         outs = tensors(out)
         r = records[op]
         r["output_numel"] = float(_numel(outs))
@@ -298,7 +294,6 @@ def record_ops(model: torch.nn.Module, step: Callable[[], torch.Tensor], precisi
         last[0] = op
         current[0] = None
         counter.paused = False
-        tracker.counting = True
         return None
 
     def pack(t):

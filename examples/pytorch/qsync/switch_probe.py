@@ -351,10 +351,9 @@ def mode_call(torch, device, smoke):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     counts, reps = ((2, 6), 5) if smoke else ((8, 72), 200)
     med = {}
+    tracker = OpTracker(m, lambda *a: None, lambda *a: None, leaves=set(), functions=True)
     with torch.no_grad(), collector_off():
         for tracked in (False, True):
-            tracker = OpTracker(m, lambda *a: None, lambda *a: None, leaves=set(),
-                                functions=True)
             for n in counts:
                 m.n, times = n, []
                 with tracker if tracked else contextlib.nullcontext():
